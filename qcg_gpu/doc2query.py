@@ -1,0 +1,160 @@
+"""Extended Doc2Query (METHOD.md, index step 2): M question-answer pairs per chunk.
+
+The prompt, the JSON schema the LLM is held to, and a parser that keeps every
+valid pair of whatever comes back (short lists, duplicates, empty strings,
+truncated or non-JSON text) and counts what it dropped.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .config import GenerationConfig
+from .llm import SamplingSpec
+
+PROMPT_VERSION = 1
+
+SYSTEM_PROMPT = (
+    "You write question-answer pairs for a search index. Every question must be answerable from the given text alone, "
+    "and every answer must be a short exact span or fact from the text. Questions must be distinct and cover different "
+    "facts (who, what, when, where, why). Reply with JSON only."
+)
+
+EXAMPLE_TEXT = (
+    "Time: 20260312_09:30\n"
+    "Anna: The bakery on Elm Street closes at 6 pm on Saturdays now.\n"
+    "Ben: Good to know! I'll pick up the birthday cake for Mia on Friday then."
+)
+EXAMPLE_PAIRS = [
+    {"question": "When does the bakery on Elm Street close on Saturdays?", "answer": "6 pm"},
+    {"question": "Who will pick up the birthday cake?", "answer": "Ben"},
+    {"question": "Whose birthday cake is Ben picking up?", "answer": "Mia's"},
+]
+
+
+def user_prompt(text: str, m: int) -> str:
+    return f"Write {m} question-answer pairs about this text.\n\nText:\n{text}"
+
+
+def build_conversation(text: str, m: int) -> list[dict]:
+    """Chat messages for one chunk: system rules, one worked example, then the chunk."""
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": user_prompt(EXAMPLE_TEXT, len(EXAMPLE_PAIRS))},
+        {"role": "assistant", "content": json.dumps({"pairs": EXAMPLE_PAIRS})},
+        {"role": "user", "content": user_prompt(text, m)},
+    ]
+
+
+def pairs_schema(config: GenerationConfig) -> dict:
+    """JSON schema of the reply: exactly M pairs; string caps keep a small model from rambling to max_tokens."""
+    item = {
+        "type": "object",
+        "properties": {
+            "question": {"type": "string", "minLength": 1, "maxLength": config.max_question_chars},
+            "answer": {"type": "string", "minLength": 1, "maxLength": config.max_answer_chars},
+        },
+        "required": ["question", "answer"],
+        "additionalProperties": False,
+    }
+    return {
+        "type": "object",
+        "properties": {"pairs": {"type": "array", "items": item, "minItems": config.m, "maxItems": config.m}},
+        "required": ["pairs"],
+        "additionalProperties": False,
+    }
+
+
+def sampling_spec(config: GenerationConfig) -> SamplingSpec:
+    # ~4 characters per token, plus JSON punctuation per pair; generous so a full reply is never cut.
+    per_pair = (config.max_question_chars + config.max_answer_chars) // 3 + 16
+    return SamplingSpec(
+        temperature=config.temperature,
+        top_p=config.top_p,
+        max_tokens=config.max_tokens or config.m * per_pair + 32,
+        seed=config.seed,
+        json_schema=pairs_schema(config) if config.structured_output else None,
+    )
+
+
+def cache_key(text: str, model_name: str, config: GenerationConfig) -> str:
+    """Content hash of everything that decides a chunk's pairs."""
+    identity = {
+        "text": text,
+        "model": model_name,
+        "prompt": [PROMPT_VERSION, SYSTEM_PROMPT, EXAMPLE_TEXT, EXAMPLE_PAIRS, user_prompt("", config.m)],
+        "m": config.m,
+        "sampling": sampling_spec(config).__dict__,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass
+class ParsedPairs:
+    pairs: list[tuple[str, str]] = field(default_factory=list)
+    dropped: Counter = field(default_factory=Counter)  # reason -> count
+
+
+_SPACES = re.compile(r"\s+")
+
+
+def _normalise(s: str) -> str:
+    return _SPACES.sub(" ", s).strip()
+
+
+def _candidate_items(text: str):
+    """Dicts found in ``text``: the parsed reply when it is valid JSON, else every complete object in it."""
+    try:
+        reply = json.loads(text)
+    except json.JSONDecodeError:
+        reply = None
+    if isinstance(reply, dict) and isinstance(reply.get("pairs"), list):
+        return reply["pairs"], False
+    if isinstance(reply, list):
+        return reply, False
+    # Truncated or chatty output: salvage each complete {...} that decodes on its own.
+    decoder, items, pos = json.JSONDecoder(), [], 0
+    while (pos := text.find("{", pos)) != -1:
+        try:
+            obj, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            pos += 1
+            continue
+        if isinstance(obj, dict) and "pairs" in obj and isinstance(obj["pairs"], list):
+            items += obj["pairs"]
+        elif isinstance(obj, dict):
+            items.append(obj)
+        pos = end
+    return items, True
+
+
+def parse_pairs(text: str, m: int) -> ParsedPairs:
+    """Valid, distinct (question, answer) pairs of an LLM reply, at most ``m``, with drop counts."""
+    result = ParsedPairs()
+    items, salvaged = _candidate_items(text)
+    if salvaged:
+        result.dropped["malformed_json"] += 1
+    seen = set()
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("question"), str) or not isinstance(item.get("answer"), str):
+            result.dropped["invalid_item"] += 1
+            continue
+        question, answer = _normalise(item["question"]), _normalise(item["answer"])
+        if not question or not answer:
+            result.dropped["empty"] += 1
+            continue
+        key = (question.casefold(), answer.casefold())
+        if key in seen:
+            result.dropped["duplicate"] += 1
+            continue
+        if len(result.pairs) == m:
+            result.dropped["beyond_m"] += 1
+            continue
+        seen.add(key)
+        result.pairs.append((question, answer))
+    if len(result.pairs) < m:
+        result.dropped["short_of_m"] += m - len(result.pairs)
+    return result

@@ -1,0 +1,179 @@
+"""Reading input documents: a directory of .txt/.md files, JSONL or Parquet.
+
+Documents are streamed as text pieces so that a huge file never has to sit in
+memory whole. Problems with single documents (empty, not UTF-8, binary,
+duplicate id, malformed line) are skips recorded in a :class:`SkipLog`; only a
+problem with the input as a whole (nothing readable at all) is an error.
+"""
+from __future__ import annotations
+
+import codecs
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from .errors import QCGError
+
+TEXT_SUFFIXES = (".txt", ".md")
+READ_BLOCK_BYTES = 1 << 20
+
+
+@dataclass
+class Document:
+    doc_id: str
+    pieces: Callable[[], Iterator[str]]  # yields the text in order; each piece ends on a line break when it can
+
+
+@dataclass
+class SkipLog:
+    """Documents (or lines) left out, with the reason, for the run summary."""
+
+    items: list[tuple[str, str]] = field(default_factory=list)
+
+    def add(self, what: str, reason: str) -> None:
+        self.items.append((what, reason))
+
+
+def read_documents(path: str | os.PathLike, skips: SkipLog) -> Iterator[Document]:
+    """Documents of ``path`` (directory, .jsonl or .parquet), duplicates and empties skipped."""
+    path = Path(path)
+    if not path.exists():
+        raise QCGError(f"input not found: {path}")
+    if path.is_dir():
+        source = _read_directory(path, skips)
+    elif path.suffix == ".jsonl":
+        source = _read_jsonl(path, skips)
+    elif path.suffix == ".parquet":
+        source = _read_parquet(path, skips)
+    elif path.suffix in TEXT_SUFFIXES:
+        source = _read_directory_files(path.parent, [path], skips)
+    else:
+        raise QCGError(f"unsupported input {path}: give a directory of .txt/.md files, a .jsonl or a .parquet file")
+    seen: set[str] = set()
+    for doc in source:
+        if doc.doc_id in seen:
+            skips.add(doc.doc_id, "duplicate doc_id (first one kept)")
+            continue
+        seen.add(doc.doc_id)
+        yield doc
+
+
+# -- directories -------------------------------------------------------------
+
+def _read_directory(root: Path, skips: SkipLog) -> Iterator[Document]:
+    files = []
+    # os.walk does not follow symlinked directories, so symlink loops cannot trap it.
+    for dirpath, dirnames, filenames in os.walk(root, onerror=lambda e: skips.add(str(e.filename), f"unreadable: {e.strerror}")):
+        dirnames.sort()
+        files += [Path(dirpath, name) for name in sorted(filenames) if name.endswith(TEXT_SUFFIXES)]
+    if not files:
+        raise QCGError(f"no .txt or .md files under {root}")
+    return _read_directory_files(root, files, skips)
+
+
+def _read_directory_files(root: Path, files: list[Path], skips: SkipLog) -> Iterator[Document]:
+    for file in files:
+        doc_id = file.relative_to(root).with_suffix("").as_posix()
+        problem = _check_text_file(file)
+        if problem:
+            skips.add(doc_id, problem)
+            continue
+        yield Document(doc_id, lambda file=file: _stream_file(file))
+
+
+def _check_text_file(file: Path) -> str | None:
+    """Why ``file`` cannot be used as a document, or None. Reads it once in blocks."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, has_text = 0, False
+    try:
+        with open(file, "rb") as fh:
+            while block := fh.read(READ_BLOCK_BYTES):
+                if b"\x00" in block:
+                    return "binary file (NUL bytes)"
+                try:
+                    has_text = has_text or bool(decoder.decode(block).strip())
+                except UnicodeDecodeError as exc:
+                    return f"not UTF-8 (bad byte at offset {offset + exc.start})"
+                offset += len(block)
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return "not UTF-8 (truncated character at end of file)"
+    except OSError as exc:
+        return f"unreadable: {exc.strerror}"
+    return None if has_text else "empty document"
+
+
+def _stream_file(file: Path) -> Iterator[str]:
+    """The file's text in pieces of about READ_BLOCK_BYTES, cut after a line break when there is one."""
+    carry = ""
+    with open(file, encoding="utf-8", newline="") as fh:
+        while block := fh.read(READ_BLOCK_BYTES):
+            text = carry + block
+            cut = text.rfind("\n") + 1 or len(text)
+            carry = text[cut:]
+            if cut:
+                yield text[:cut]
+    if carry:
+        yield carry
+
+
+# -- JSONL and Parquet ------------------------------------------------------------
+
+def _record_document(doc_id, text, where: str, skips: SkipLog) -> Document | None:
+    if not isinstance(doc_id, (str, int)) or isinstance(doc_id, bool) or str(doc_id) == "":
+        skips.add(where, "missing or invalid doc_id")
+        return None
+    if not isinstance(text, str):
+        skips.add(str(doc_id), "missing or non-string text")
+        return None
+    if not text.strip():
+        skips.add(str(doc_id), "empty document")
+        return None
+    return Document(str(doc_id), lambda text=text: iter((text,)))
+
+
+def _read_jsonl(path: Path, skips: SkipLog) -> Iterator[Document]:
+    with open(path, encoding="utf-8", errors="strict") as fh:
+        lineno = 0
+        while True:
+            lineno += 1
+            try:
+                line = fh.readline()
+            except UnicodeDecodeError:
+                raise QCGError(f"{path}: not UTF-8 near line {lineno}")
+            if not line:
+                break
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                skips.add(f"{path.name}:{lineno}", f"invalid JSON ({exc.msg})")
+                continue
+            if not isinstance(record, dict):
+                skips.add(f"{path.name}:{lineno}", "not a JSON object")
+                continue
+            doc = _record_document(record.get("doc_id"), record.get("text"), f"{path.name}:{lineno}", skips)
+            if doc:
+                yield doc
+
+
+def _read_parquet(path: Path, skips: SkipLog) -> Iterator[Document]:
+    import pyarrow.parquet as pq
+
+    try:
+        file = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises several types for a bad file
+        raise QCGError(f"{path}: not a readable Parquet file ({exc})") from exc
+    missing = {"doc_id", "text"} - set(file.schema_arrow.names)
+    if missing:
+        raise QCGError(f"{path}: Parquet input needs columns doc_id and text; missing {sorted(missing)} (has {file.schema_arrow.names})")
+    row = 0
+    for batch in file.iter_batches(columns=["doc_id", "text"], batch_size=1024):
+        for doc_id, text in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist()):
+            doc = _record_document(doc_id, text, f"{path.name}:row {row}", skips)
+            row += 1
+            if doc:
+                yield doc

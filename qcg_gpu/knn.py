@@ -1,0 +1,125 @@
+"""kNN graph of the nodes (METHOD.md, index step 4): E_intra as a CSR matrix.
+
+Row i holds the ``k`` nearest *other* nodes of node i by inner product (the
+embeddings are unit vectors, so this is cosine), best first, ties by lower
+node id. Two steps:
+
+1. candidates: the ``k + 1 + CANDIDATE_MARGIN`` best of each row, from faiss
+   (GPU index when faiss sees a GPU) or a tiled torch matmul + topk (CUDA when
+   present, which is also the GPU path without faiss-gpu);
+2. exact ranking: the candidates are rescored in float64 here, the same way
+   whatever found them, and sorted by (score desc, id asc). A row whose k-th
+   score ties the last candidate's is ranked against all nodes, so ties are
+   broken by id even when the candidate cut fell inside a tie.
+
+So faiss, torch CPU and torch CUDA give the same graph.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .capabilities import WITH_FAISS, default_device, faiss_gpus, require
+from .errors import QCGError
+
+CANDIDATE_MARGIN = 8
+RERANK_TILE_ROWS = 2048
+SIMILARITY_TILE_ELEMENTS = 1 << 28  # 1 GiB of float32 similarities per tile
+
+
+@dataclass
+class KnnGraph:
+    indptr: np.ndarray  # int64 (N + 1,)
+    indices: np.ndarray  # int64 (nnz,), out-neighbours, best first
+    scores: np.ndarray  # float32 (nnz,), cosine of each edge
+
+    @property
+    def k(self) -> int:
+        return 0 if len(self.indptr) < 2 else int(self.indptr[1] - self.indptr[0])
+
+
+def knn_graph(embeddings: np.ndarray, k: int, backend: str = "auto", device: str | None = None) -> KnnGraph:
+    """Exact kNN graph of unit-length ``embeddings`` (N, d); each row gets min(k, N - 1) edges."""
+    emb = np.ascontiguousarray(embeddings, dtype=np.float32)
+    n = len(emb)
+    k_eff = min(k, n - 1) if n > 1 else 0
+    if k_eff == 0:
+        return KnnGraph(np.zeros(n + 1, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
+    width = min(n, k_eff + 1 + CANDIDATE_MARGIN)
+    if backend == "auto":
+        backend = "faiss" if WITH_FAISS else "torch"
+    if backend == "faiss":
+        candidates = faiss_candidates(emb, width)
+    elif backend == "torch":
+        candidates = torch_candidates(emb, width, device or default_device())
+    else:
+        raise QCGError(f"unknown kNN backend {backend!r} (choose faiss, torch or auto)")
+    indices, scores = rank_candidates(emb, candidates, k_eff)
+    indptr = np.arange(n + 1, dtype=np.int64) * k_eff
+    return KnnGraph(indptr, indices.reshape(-1), scores.reshape(-1))
+
+
+def faiss_candidates(emb: np.ndarray, width: int) -> np.ndarray:
+    faiss = require("faiss")
+    index = faiss.IndexFlatIP(emb.shape[1])
+    if faiss_gpus() > 0:
+        index = faiss.index_cpu_to_all_gpus(index)
+    index.add(emb)
+    _, ids = index.search(emb, width)
+    return ids.astype(np.int64)
+
+
+def torch_candidates(emb: np.ndarray, width: int, device: str) -> np.ndarray:
+    torch = require("torch")
+    x = torch.from_numpy(emb).to(device)
+    rows = max(1, min(4096, SIMILARITY_TILE_ELEMENTS // len(emb)))
+    out = []
+    with torch.inference_mode():
+        for start in range(0, len(emb), rows):
+            sims = x[start : start + rows] @ x.T
+            out.append(sims.topk(width, dim=1).indices.cpu())
+    return torch.cat(out).numpy().astype(np.int64)
+
+
+def pair_scores(emb: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """float64 inner products emb[rows[i]] . emb[cols[i]], computed one way for every caller."""
+    return np.einsum("ij,ij->i", emb[rows].astype(np.float64), emb[cols].astype(np.float64))
+
+
+def _best_first(ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """Per row, the column order that sorts by score desc, then id asc."""
+    by_id = np.argsort(ids, axis=1, kind="stable")
+    by_score = np.argsort(-np.take_along_axis(scores, by_id, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(by_id, by_score, axis=1)
+
+
+def rank_candidates(emb: np.ndarray, candidates: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    n, width = candidates.shape
+    out_ids = np.empty((n, k), dtype=np.int64)
+    out_scores = np.empty((n, k), dtype=np.float32)
+    for start in range(0, n, RERANK_TILE_ROWS):
+        cand = candidates[start : start + RERANK_TILE_ROWS]
+        rows = np.arange(start, start + len(cand))
+        valid = (cand >= 0) & (cand != rows[:, None])  # faiss pads with -1; self is never a neighbour
+        safe = np.where(valid, cand, 0)
+        scores = pair_scores(emb, np.repeat(rows, width), safe.reshape(-1)).reshape(cand.shape)
+        scores[~valid] = -np.inf
+        order = _best_first(np.where(valid, cand, n), scores)
+        ids = np.take_along_axis(cand, order, axis=1)
+        ranked = np.take_along_axis(scores, order, axis=1)
+        # A tie between the k-th and the last candidate may continue past the candidates: rank fully.
+        weakest = np.where(valid, scores, np.inf).min(axis=1)
+        unsure = (ranked[:, k - 1] <= weakest) & (width < n)
+        for local in np.flatnonzero(unsure):
+            ids[local, :k], ranked[local, :k] = _rank_row_fully(emb, rows[local], k)
+        out_ids[start : start + len(cand)] = ids[:, :k]
+        out_scores[start : start + len(cand)] = ranked[:, :k]
+    return out_ids, out_scores
+
+
+def _rank_row_fully(emb: np.ndarray, row: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    others = np.delete(np.arange(len(emb)), row)
+    scores = pair_scores(emb, np.full(len(others), row), others)
+    order = np.lexsort((others, -scores))[:k]
+    return others[order], scores[order]

