@@ -72,19 +72,24 @@ class Chunk:
 def chunk_document(doc_id: str, pieces: Iterable[str], tokenizer: Tokenizer, config: ChunkingConfig) -> Iterator[Chunk]:
     """Windows of ``chunk_tokens`` tokens with ``chunk_overlap`` overlap over a streamed document.
 
-    Only the tail that may still grow is carried from piece to piece, so memory
-    is bounded by the piece size, whatever the document's size.
+    Each piece is tokenised on its own, which equals tokenising the whole text
+    because the reader cuts pieces only where a line starts with a visible
+    character (no token spans such a cut). Only the tokens that may still
+    belong to a window are kept between pieces, so memory is bounded by the
+    piece size, whatever the document's size.
     """
     size, step = config.chunk_tokens, config.chunk_tokens - config.chunk_overlap
-    carry, index = "", 0
+    text, starts, index = "", [], 0
     for piece in pieces:
-        text = carry + piece
-        starts = tokenizer.token_starts(text)
+        starts += [len(text) + start for start in tokenizer.token_starts(piece)]
+        text += piece
         pos = 0
-        while len(starts) - pos > size:  # a full window with text after it: final
+        while len(starts) - pos > size:  # a full window with tokens after it: final
             yield Chunk(doc_id, index, size, text[starts[pos] : starts[pos + size]])
             index += 1
             pos += step
-        carry = text[starts[pos] :] if pos < len(starts) else ""
-    if carry.strip():
-        yield Chunk(doc_id, index, len(tokenizer.token_starts(carry)), carry)
+        if pos:
+            offset = starts[pos] if pos < len(starts) else len(text)
+            text, starts = text[offset:], [start - offset for start in starts[pos:]]
+    if text[starts[0] if starts else 0 :].strip():
+        yield Chunk(doc_id, index, len(starts), text[starts[0] :])

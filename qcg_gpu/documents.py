@@ -10,6 +10,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -18,6 +19,8 @@ from .errors import QCGError
 
 TEXT_SUFFIXES = (".txt", ".md")
 READ_BLOCK_BYTES = 1 << 20
+MAX_PIECE_CHARS = 16 << 20
+_LINE_START = re.compile(r"\n(?=\S)")
 
 
 @dataclass
@@ -106,17 +109,33 @@ def _check_text_file(file: Path) -> str | None:
 
 
 def _stream_file(file: Path) -> Iterator[str]:
-    """The file's text in pieces of about READ_BLOCK_BYTES, cut after a line break when there is one."""
+    """The file's text in pieces of about READ_BLOCK_BYTES.
+
+    A piece ends after a line break that is followed by a visible character:
+    no token of any usual tokenizer spans such a cut, so pieces can be
+    tokenised one by one. Text without such a place is carried on, up to
+    MAX_PIECE_CHARS, then cut at the last space.
+    """
     carry = ""
     with open(file, encoding="utf-8", newline="") as fh:
         while block := fh.read(READ_BLOCK_BYTES):
             text = carry + block
-            cut = text.rfind("\n") + 1 or len(text)
+            cut = _last_line_start(text)
+            if cut == 0 and len(text) > MAX_PIECE_CHARS:
+                cut = text.rfind(" ") + 1 or len(text)
             carry = text[cut:]
             if cut:
                 yield text[:cut]
     if carry:
         yield carry
+
+
+def _last_line_start(text: str) -> int:
+    """Offset of the last line start followed by a visible character (0 if none)."""
+    match = None
+    for match in _LINE_START.finditer(text, max(0, len(text) - READ_BLOCK_BYTES)):
+        pass
+    return match.end() if match else 0
 
 
 # -- JSONL and Parquet ------------------------------------------------------------

@@ -1,0 +1,76 @@
+import json
+
+from qcg_gpu.config import GenerationConfig
+from qcg_gpu.doc2query import build_conversation, cache_key, pairs_schema, parse_pairs, sampling_spec
+
+
+def _reply(pairs):
+    return json.dumps({"pairs": [{"question": q, "answer": a} for q, a in pairs]})
+
+
+def test_valid_reply():
+    parsed = parse_pairs(_reply([("Who?", "Ann"), ("When?", "6 pm")]), m=2)
+    assert parsed.pairs == [("Who?", "Ann"), ("When?", "6 pm")]
+    assert not parsed.dropped
+
+
+def test_short_list_duplicates_and_empties_are_dropped_and_counted():
+    reply = _reply([("Who?", "Ann"), ("who? ", " ann"), ("", "x"), ("Where?", "  "), ("When?", "6 pm")])
+    parsed = parse_pairs(reply, m=5)
+    assert parsed.pairs == [("Who?", "Ann"), ("When?", "6 pm")]
+    assert parsed.dropped == {"duplicate": 1, "empty": 2, "short_of_m": 3}
+
+
+def test_truncated_json_keeps_complete_pairs():
+    reply = _reply([("Who?", "Ann"), ("When?", "6 pm"), ("Where?", "Elm Street")])[:-30]
+    parsed = parse_pairs(reply, m=3)
+    assert parsed.pairs == [("Who?", "Ann"), ("When?", "6 pm")]
+    assert parsed.dropped["malformed_json"] == 1 and parsed.dropped["short_of_m"] == 1
+
+
+def test_chatty_non_json_reply_is_salvaged():
+    reply = 'Sure! Here they are: {"question": "Who?", "answer": "Ann"} and {"question": "Why?"}'
+    parsed = parse_pairs(reply, m=2)
+    assert parsed.pairs == [("Who?", "Ann")]
+    assert parsed.dropped["invalid_item"] == 1
+
+
+def test_garbage_reply_gives_nothing_without_raising():
+    for reply in ["", "not json at all", "[1, 2, 3]", '{"pairs": "nope"}', "{" * 50]:
+        parsed = parse_pairs(reply, m=3)
+        assert parsed.pairs == []
+        assert parsed.dropped["short_of_m"] == 3
+
+
+def test_more_than_m_pairs_are_cut():
+    parsed = parse_pairs(_reply([(f"Q{i}?", f"A{i}") for i in range(5)]), m=3)
+    assert len(parsed.pairs) == 3 and parsed.dropped["beyond_m"] == 2
+
+
+def test_schema_asks_for_exactly_m_bounded_pairs():
+    config = GenerationConfig(m=7, max_question_chars=50, max_answer_chars=20)
+    schema = pairs_schema(config)
+    assert schema["properties"]["pairs"]["minItems"] == 7 == schema["properties"]["pairs"]["maxItems"]
+    assert schema["properties"]["pairs"]["items"]["properties"]["answer"]["maxLength"] == 20
+    assert sampling_spec(config).json_schema == schema
+    assert sampling_spec(GenerationConfig(structured_output=False)).json_schema is None
+
+
+def test_conversation_ends_with_the_chunk():
+    conversation = build_conversation("THE CHUNK", 4)
+    assert conversation[0]["role"] == "system"
+    assert conversation[-1]["role"] == "user" and "THE CHUNK" in conversation[-1]["content"]
+    assert "4 question-answer pairs" in conversation[-1]["content"]
+
+
+def test_cache_key_depends_on_everything_that_decides_the_reply():
+    base = GenerationConfig()
+    key = cache_key("text", "model", base)
+    assert key == cache_key("text", "model", GenerationConfig())
+    assert key != cache_key("text2", "model", base)
+    assert key != cache_key("text", "model2", base)
+    assert key != cache_key("text", "model", GenerationConfig(m=5))
+    assert key != cache_key("text", "model", GenerationConfig(temperature=0.9))
+    assert key != cache_key("text", "model", GenerationConfig(seed=1))
+    # settings that do not change the reply keep the key
+    assert key == cache_key("text", "model", GenerationConfig(batch_chunks=3, concurrency=2))

@@ -1,0 +1,107 @@
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from qcg_gpu.documents import SkipLog, read_documents
+from qcg_gpu.errors import QCGError
+
+
+def _read(path):
+    skips = SkipLog()
+    docs = {doc.doc_id: "".join(doc.pieces()) for doc in read_documents(path, skips)}
+    return docs, dict(skips.items)
+
+
+def test_directory_ids_are_relative_paths_without_suffix(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "x.txt").write_text("hello")
+    (tmp_path / "top.md").write_text("# title\nbody")
+    (tmp_path / "ignored.csv").write_text("not a document")
+    docs, skips = _read(tmp_path)
+    assert docs == {"a/b/x": "hello", "top": "# title\nbody"}
+    assert skips == {}
+
+
+def test_directory_bad_files_are_skipped_with_reasons(tmp_path):
+    (tmp_path / "good.txt").write_text("fine")
+    (tmp_path / "empty.txt").write_text("  \n ")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait".encode("latin-1"))
+    (tmp_path / "binary.txt").write_bytes(b"\x00\x01\x02abc")
+    (tmp_path / "loop").symlink_to(tmp_path)  # a symlink loop must not hang the walk
+    docs, skips = _read(tmp_path)
+    assert list(docs) == ["good"]
+    assert skips["empty"] == "empty document"
+    assert skips["latin1"].startswith("not UTF-8 (bad byte at offset 3)")
+    assert skips["binary"].startswith("binary file")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_unreadable_file_is_skipped(tmp_path):
+    (tmp_path / "secret.txt").write_text("x")
+    os.chmod(tmp_path / "secret.txt", 0)
+    _, skips = _read(tmp_path)
+    assert skips["secret"].startswith("unreadable")
+
+
+def test_empty_directory_is_an_error(tmp_path):
+    with pytest.raises(QCGError, match="no .txt or .md files"):
+        _read(tmp_path)
+
+
+def test_missing_input_is_an_error(tmp_path):
+    with pytest.raises(QCGError, match="input not found"):
+        _read(tmp_path / "nope")
+
+
+def test_jsonl_with_bad_lines_and_duplicates(tmp_path):
+    lines = [
+        json.dumps({"doc_id": "d1", "text": "first"}),
+        "{not json",
+        json.dumps({"doc_id": "d1", "text": "again"}),
+        json.dumps({"text": "no id"}),
+        json.dumps({"doc_id": 7, "text": "int ids are kept as strings"}),
+        json.dumps({"doc_id": "d3", "text": ""}),
+        "",
+        json.dumps(["a list"]),
+    ]
+    path = tmp_path / "docs.jsonl"
+    path.write_text("\n".join(lines))
+    docs, skips = _read(path)
+    assert docs == {"d1": "first", "7": "int ids are kept as strings"}
+    assert skips["docs.jsonl:2"].startswith("invalid JSON")
+    assert skips["d1"] == "duplicate doc_id (first one kept)"
+    assert skips["docs.jsonl:4"] == "missing or invalid doc_id"
+    assert skips["d3"] == "empty document"
+    assert skips["docs.jsonl:8"] == "not a JSON object"
+
+
+def test_parquet_input(tmp_path):
+    path = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"doc_id": ["a", "b", "a"], "text": ["x", None, "y"], "extra": [1, 2, 3]}), path)
+    docs, skips = _read(path)
+    assert docs == {"a": "x"}
+    assert skips == {"b": "missing or non-string text", "a": "duplicate doc_id (first one kept)"}
+
+
+def test_parquet_without_expected_columns(tmp_path):
+    path = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"id": ["a"], "body": ["x"]}), path)
+    with pytest.raises(QCGError, match=r"missing \['doc_id', 'text'\]"):
+        _read(path)
+
+
+def test_not_a_parquet_file(tmp_path):
+    path = tmp_path / "docs.parquet"
+    path.write_text("garbage")
+    with pytest.raises(QCGError, match="not a readable Parquet file"):
+        _read(path)
+
+
+def test_unsupported_input(tmp_path):
+    path = tmp_path / "docs.csv"
+    path.write_text("a,b")
+    with pytest.raises(QCGError, match="unsupported input"):
+        _read(path)

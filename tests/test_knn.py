@@ -1,0 +1,62 @@
+import numpy as np
+import pytest
+
+from qcg_gpu.capabilities import WITH_FAISS
+from qcg_gpu.knn import knn_graph
+
+from .conftest import DEVICES
+
+BACKENDS = [("torch", device) for device in DEVICES] + ([("faiss", None)] if WITH_FAISS else [])
+
+
+def brute_force(emb: np.ndarray, k: int):
+    """Per row: the k best other rows by float64 cosine, ties by lower id (plain Python sort)."""
+    emb64 = emb.astype(np.float64)
+    rows = []
+    for i in range(len(emb)):
+        scored = sorted(((-float(emb64[i] @ emb64[j]), j) for j in range(len(emb)) if j != i))
+        rows.append([j for _, j in scored[:k]])
+    return rows
+
+
+def unit_rows(rng, n, d):
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("backend,device", BACKENDS)
+@pytest.mark.parametrize("n,k", [(300, 2), (300, 5), (40, 39), (40, 60), (2, 1)])
+def test_knn_equals_brute_force(backend, device, n, k):
+    emb = unit_rows(np.random.default_rng(n + k), n, 24)
+    graph = knn_graph(emb, k, backend, device)
+    k_eff = min(k, n - 1)
+    assert graph.indptr.tolist() == list(range(0, n * k_eff + 1, k_eff))
+    assert graph.indices.reshape(n, k_eff).tolist() == brute_force(emb, k_eff)
+    expected_scores = np.einsum("ij,ij->i", emb[np.repeat(np.arange(n), k_eff)], emb[graph.indices])
+    np.testing.assert_allclose(graph.scores, expected_scores, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend,device", BACKENDS)
+def test_ties_break_by_lower_id_even_past_the_candidate_cut(backend, device):
+    rng = np.random.default_rng(0)
+    base = unit_rows(rng, 5, 16)
+    # 30 copies of one vector (ties far beyond k + margin candidates) among distinct ones
+    emb = np.concatenate([base[:2], np.repeat(base[2:3], 30, axis=0), base[3:]])
+    graph = knn_graph(emb, 3, backend, device)
+    assert graph.indices.reshape(len(emb), 3).tolist() == brute_force(emb, 3)
+    assert graph.indices[3 * 2 : 3 * 3].tolist() == [3, 4, 5]  # first copy: the next copies by id
+
+
+def test_all_backends_agree_on_real_embeddings(embedder):
+    texts = [f"Li Hua meets friend number {i % 37} at the café on day {i}" for i in range(500)]
+    emb = embedder.encode(texts)
+    graphs = [knn_graph(emb, 3, backend, device) for backend, device in BACKENDS]
+    for other in graphs[1:]:
+        np.testing.assert_array_equal(graphs[0].indices, other.indices)
+        np.testing.assert_array_equal(graphs[0].scores, other.scores)
+
+
+def test_degenerate_sizes():
+    for n in (0, 1):
+        graph = knn_graph(np.zeros((n, 8), np.float32), 2)
+        assert graph.indptr.tolist() == [0] * (n + 1) and graph.indices.size == 0
