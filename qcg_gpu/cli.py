@@ -1,23 +1,33 @@
-"""Command line: ``qcg index INPUT OUT [options]``.
+"""Command line: ``qcg index``, ``qcg query`` and ``qcg answer``.
 
 Options are generated from the config dataclasses, so each is documented once
-(in qcg_gpu/config.py).
+(qcg_gpu/config.py, retrieval.py, answer.py).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import typing
+from contextlib import nullcontext
 
-from .config import IndexConfig
+from .answer import AnswerConfig
+from .config import GenerationConfig, IndexConfig
 from .errors import QCGError
+from .retrieval import PRESETS, RetrievalConfig
+
+# the part of GenerationConfig that picks and runs an LLM (qcg answer reuses it)
+LLM_OPTIONS = ("backend", "model", "base_url", "api_key_env", "concurrency", "max_retries", "request_timeout",
+               "max_model_len", "enforce_eager", "gpu_memory_utilization")
 
 
-def _add_dataclass_options(parser: argparse.ArgumentParser, section, title: str) -> None:
+def _add_dataclass_options(parser, section, title: str, only=None) -> None:
     group = parser.add_argument_group(title)
     hints = typing.get_type_hints(type(section))
     for f in dataclasses.fields(section):
+        if only and f.name not in only:
+            continue
         flag = "--" + f.name.replace("_", "-")
         kind = hints[f.name]
         if kind is bool:
@@ -30,18 +40,36 @@ def _add_dataclass_options(parser: argparse.ArgumentParser, section, title: str)
         )
 
 
-def _config_from_args(args: argparse.Namespace) -> IndexConfig:
-    config = IndexConfig()
-    for name in IndexConfig.SECTIONS:
-        section = getattr(config, name)
-        for f in dataclasses.fields(section):
+def _fill(section, args: argparse.Namespace):
+    for f in dataclasses.fields(section):
+        if hasattr(args, f.name):
             setattr(section, f.name, getattr(args, f.name))
-    return config
+    return section
+
+
+def _add_query_arguments(parser) -> None:
+    from .baselines import METHODS
+
+    parser.add_argument("index", help="index directory made by qcg index")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--query", help="one query")
+    source.add_argument("--queries", help="a .txt file (one query per line) or .jsonl file ({query_id?, query})")
+    source.add_argument("--embeddings", help="a .npy file of query embeddings (B, d): bring your own encoder")
+    parser.add_argument("--method", default="qcg", choices=METHODS, help="QCG retrieval, or a naive-RAG baseline on the same index (default: qcg)")
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="the paper's retrieval settings for a dataset (explicit options still win)")
+    parser.add_argument("--trace", action="store_true", help="add each query's seeds, expanded nodes and chunk scores")
+    parser.add_argument("--out", help="write JSON lines here instead of stdout")
+    parser.add_argument("--embed-device", default=None, help="torch device of the query embedder (default: cuda when present)")
+    _add_dataclass_options(parser, RetrievalConfig(), "retrieval options")
+    for action in parser._actions:  # presets fill options left at their defaults
+        if action.dest in RetrievalConfig.__dataclass_fields__:
+            action.default = None
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qcg", description="QCG-RAG batch engine")
     commands = parser.add_subparsers(dest="command", required=True)
+
     index = commands.add_parser("index", help="build an index from documents", description="Build a QCG-RAG index.")
     index.add_argument("input", help="directory of .txt/.md files (recursive), a .jsonl file ({doc_id, text} per line) or a .parquet file (doc_id, text columns)")
     index.add_argument("out", help="index directory to create")
@@ -50,7 +78,79 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = IndexConfig()
     for name in IndexConfig.SECTIONS:
         _add_dataclass_options(index, getattr(defaults, name), f"{name} options")
+
+    query = commands.add_parser("query", help="retrieve the top-K chunks for a batch of queries",
+                                description="Retrieve chunks for queries; one JSON line per query.")
+    _add_query_arguments(query)
+
+    answer = commands.add_parser("answer", help="retrieve, then answer each query with an LLM",
+                                 description="Retrieve chunks and answer each query with an LLM; one JSON line per query.")
+    _add_query_arguments(answer)
+    _add_dataclass_options(answer, AnswerConfig(), "answer options")
+    _add_dataclass_options(answer, GenerationConfig(), "answering LLM options", only=LLM_OPTIONS)
     return parser
+
+
+def _retrieval_config(args) -> RetrievalConfig:
+    config = RetrievalConfig()
+    if args.preset:
+        for key, value in PRESETS[args.preset].items():
+            setattr(config, key, value)
+    for f in dataclasses.fields(config):
+        if getattr(args, f.name) is not None:
+            setattr(config, f.name, getattr(args, f.name))
+    return config.validate()
+
+
+def run_query(args) -> int:
+    import numpy as np
+
+    from . import baselines, query
+    from .retrieval import QCGIndex, Retriever, check_queries
+
+    config = _retrieval_config(args)
+    index = QCGIndex.load(args.index)
+    if args.embeddings:
+        vectors = query.load_query_embeddings(args.embeddings)
+        ids, texts = [str(i) for i in range(len(np.atleast_2d(vectors)))], None
+        embedder = None
+    else:
+        ids, texts = query.read_queries(args.query, args.queries)
+        embedder = query.index_embedder(index, args.embed_device)
+        vectors = embedder.encode(texts)
+    vectors = check_queries(vectors, index.dim)
+    if args.method == "qcg":
+        result = Retriever(index, config).search(vectors)
+    else:
+        result = baselines.search(index, args.method, embedder or query.index_embedder(index, args.embed_device), vectors, config)
+    records = query.describe(index, ids, texts, result, config, vectors if args.trace and args.method == "qcg" else None)
+    if args.command == "answer":
+        records = _answer(args, index, records, texts)
+    with (open(args.out, "w") if args.out else nullcontext(sys.stdout)) as out:
+        for record in records:
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return 0
+
+
+def _answer(args, index, records, texts):
+    from .answer import answer_questions, build_context
+    from .llm import make_backend
+    from .query import chunk_texts
+
+    if texts is None:
+        raise QCGError("qcg answer needs query texts (--query or --queries), not --embeddings")
+    generation = _fill(GenerationConfig(), args)
+    if generation.backend == "openai" and (not generation.base_url or not generation.model):
+        raise QCGError("--backend openai needs --base-url and --model")
+    answer_config = _fill(AnswerConfig(), args)
+    all_texts = chunk_texts(index)
+    contexts = [build_context([all_texts[c["chunk_id"]] for c in r["chunks"]], answer_config.max_context_tokens) for r in records]
+    completions = answer_questions(make_backend(generation), texts, contexts, answer_config)
+    for record, completion in zip(records, completions):
+        record["answer"] = completion.text.strip() if not completion.error else None
+        if completion.error:
+            record["error"] = completion.error
+    return records
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,16 +159,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "index":
             from .pipeline import build_index
 
-            summary = build_index(args.input, args.out, _config_from_args(args), overwrite=args.overwrite, progress=not args.quiet)
+            summary = build_index(args.input, args.out, _index_config(args),
+                                  overwrite=args.overwrite, progress=not args.quiet)
             print(summary.format())
             return 3 if summary.failed_chunks else 0
-    except QCGError as exc:
+        return run_query(args)
+    except (QCGError, ImportError) as exc:  # ImportError: MissingDependency carries its install hint
         print(f"qcg: error: {exc}", file=sys.stderr)
         return 2
-    except ImportError as exc:  # MissingDependency carries its install hint
-        print(f"qcg: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+
+
+def _index_config(args) -> IndexConfig:
+    config = IndexConfig()
+    for name in IndexConfig.SECTIONS:
+        _fill(getattr(config, name), args)
+    return config
 
 
 if __name__ == "__main__":

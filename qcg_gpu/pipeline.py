@@ -135,9 +135,9 @@ def build_index(
 
     summary.pairs_valid, summary.pairs_kept = len(pairs["chunk_id"]), int(pairs["kept"].sum())
     summary.nodes, summary.edges = len(nodes.text), len(graph.indices)
-    with _stage(summary, "write", progress):
-        writer = IndexWriter(out)
-        try:
+    writer = IndexWriter(out)
+    try:
+        with _stage(summary, "write", progress):
             _write_tables(writer, chunks, pairs, nodes)
             writer.write_array("chunk_embeddings", chunk_emb)
             writer.write_array("pair_embeddings", pair_emb.astype(config.nodes.embedding_dtype))
@@ -145,10 +145,10 @@ def build_index(
             writer.write_array("knn_indptr", graph.indptr)
             writer.write_array("knn_indices", graph.indices)
             writer.write_array("knn_scores", graph.scores)
-            writer.commit(_manifest(config, summary, model_name, embedder))
-        except BaseException:
-            writer.abort()
-            raise
+        writer.commit(_manifest(config, summary, model_name, embedder))  # manifest last, then the rename
+    except BaseException:
+        writer.abort()
+        raise
     return summary
 
 

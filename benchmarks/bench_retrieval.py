@@ -1,0 +1,143 @@
+"""Batched retrieval vs a careful per-query loop, on one synthetic index, in one run.
+
+The loop is what a careful user would write: a numpy mat-vec, argpartition for the seeds,
+Python sets for the expansion, a dict for the chunk means, one query at a time. Both sides
+get the same index and queries; results are checked equal on the looped queries.
+
+    python benchmarks/bench_retrieval.py                       # N = 10k, 100k, 1M; B = 1000, 10000
+    python benchmarks/bench_retrieval.py --nodes 100000 --batch 1000 --backends numpy torch
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever, _tile_rows, seed_threshold
+
+DIM = 384
+
+
+def synthetic_index(n_nodes: int, k: int = 2, nodes_per_chunk: int = 16, seed: int = 0) -> QCGIndex:
+    """Clustered unit vectors (like pairs of one corpus), random fixed-degree kNN edges (speed does not
+    depend on which nodes are linked), 16 nodes per chunk (20 pairs, alpha 0.8)."""
+    rng = np.random.default_rng(seed)
+    centers = rng.standard_normal((max(n_nodes // 64, 1), DIM)).astype(np.float32)
+    x = np.empty((n_nodes, DIM), np.float32)
+    for start in range(0, n_nodes, 65536):
+        part = slice(start, min(start + 65536, n_nodes))
+        count = part.stop - part.start
+        x[part] = centers[rng.integers(0, len(centers), count)] + 0.7 * rng.standard_normal((count, DIM), dtype=np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    indices = rng.integers(0, n_nodes - 1, (n_nodes, k))
+    indices += indices >= np.arange(n_nodes)[:, None]  # no self-loops
+    indptr = np.arange(n_nodes + 1, dtype=np.int64) * k
+    node_chunk = np.arange(n_nodes, dtype=np.int64) // nodes_per_chunk
+    return QCGIndex(None, {}, x, indptr, indices.reshape(-1).astype(np.int64), node_chunk, int(node_chunk[-1]) + 1)
+
+
+def make_queries(index: QCGIndex, b: int, seed: int = 1) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    q = index.node_embeddings[rng.integers(0, len(index.node_embeddings), b)] + 0.9 * rng.standard_normal((b, DIM), dtype=np.float32)
+    return (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
+
+
+def loop_search(index: QCGIndex, queries: np.ndarray, config: RetrievalConfig):
+    """The per-query baseline."""
+    threshold, out = seed_threshold(config.gamma), []
+    x, indptr, indices, node_chunk = index.node_embeddings, index.knn_indptr, index.knn_indices, index.node_chunk
+    for q in queries:
+        sims = x @ q
+        top = np.argpartition(-sims, config.n)[: config.n]
+        top = top[sims[top] >= threshold]
+        seeds = top[np.lexsort((top, -sims[top]))]
+        selected, frontier = set(seeds.tolist()), set(seeds.tolist())
+        for _ in range(config.hops):
+            frontier = {v for u in frontier for v in indices[indptr[u] : indptr[u + 1]].tolist()} - selected
+            selected |= frontier
+        sums: dict[int, list] = {}
+        for u in selected:
+            entry = sums.setdefault(int(node_chunk[u]), [0.0, 0])
+            entry[0] += float(sims[u])
+            entry[1] += 1
+        ranked = sorted(((-(s / c)), chunk) for chunk, (s, c) in sums.items())[: config.top_k]
+        out.append([chunk for _, chunk in ranked])
+    return out
+
+
+def gemm_seconds(index: QCGIndex, queries: np.ndarray) -> float:
+    """Time of the similarity GEMM alone, in the tiles the numpy backend uses."""
+    rows = _tile_rows(len(index.node_embeddings))
+    start = time.perf_counter()
+    for s in range(0, len(queries), rows):
+        queries[s : s + rows] @ index.node_embeddings.T
+    return time.perf_counter() - start
+
+
+def machine_gflops() -> float:
+    a = np.random.default_rng(0).standard_normal((4096, 384), dtype=np.float32)
+    b = np.random.default_rng(1).standard_normal((384, 16384), dtype=np.float32)
+    a @ b
+    start = time.perf_counter()
+    for _ in range(3):
+        a @ b
+    return 3 * 2 * a.shape[0] * a.shape[1] * b.shape[1] / (time.perf_counter() - start) / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--batch", type=int, nargs="+", default=[1000, 10_000])
+    parser.add_argument("--backends", nargs="+", default=["numpy", "torch"])
+    parser.add_argument("--device", default="cpu", help="torch device of the torch backend (cuda on a GPU machine)")
+    parser.add_argument("--loop-queries", type=int, default=200, help="queries timed in the per-query loop (its rate is per query)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "bench_retrieval.json")
+    args = parser.parse_args()
+
+    config = RetrievalConfig(gamma=1.5, n=10, hops=1, top_k=5)  # the paper's LiHuaWorld setting
+    rows, gflops = [], machine_gflops()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, float32 GEMM {gflops:.0f} GFLOP/s")
+    for n_nodes in args.nodes:
+        index = synthetic_index(n_nodes)
+        queries_all = make_queries(index, max(args.batch))
+        looped = queries_all[: args.loop_queries]
+        start = time.perf_counter()
+        loop_result = loop_search(index, looped, config)
+        loop_qps = len(looped) / (time.perf_counter() - start)
+        for backend in args.backends:
+            retriever = Retriever(index, RetrievalConfig(**{**config.__dict__, "backend": backend, "device": args.device}))
+            check = retriever.search(looped)  # also warms up numba's JIT
+            assert [[c for c in row if c >= 0] for row in check.chunk_ids.tolist()] == loop_result, "batched != loop"
+            for b in args.batch:
+                queries = queries_all[:b]
+                start = time.perf_counter()
+                result = retriever.search(queries)
+                if args.device.startswith("cuda"):
+                    import torch
+
+                    torch.cuda.synchronize()
+                seconds = time.perf_counter() - start
+                gemm = gemm_seconds(index, queries)
+                row = {
+                    "nodes": n_nodes, "batch": b, "backend": backend,
+                    "queries_per_s": round(b / seconds, 1),
+                    "loop_queries_per_s": round(loop_qps, 1),
+                    "speedup_vs_loop": round(b / seconds / loop_qps, 1),
+                    "gemm_share": round(min(gemm / seconds, 1.0), 3),
+                    "gemm_gflops": round(2 * b * n_nodes * DIM / gemm / 1e9, 1),
+                    "machine_gflops": round(gflops, 1),
+                    "mean_selected_nodes": round(float(result.n_selected.mean()), 1),
+                }
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,6 @@
+"""Custom kernels for batched retrieval, installed as ``qcg_gpu.kernels``.
+
+Each kernel has a CPU twin or is itself the CPU path: the torch backend in
+``qcg_gpu/retrieval.py`` is the GPU path (and runs on CPU tensors for parity
+tests); the numba kernels here are the CPU path.
+"""

@@ -1,0 +1,83 @@
+"""Expansion, node scoring, per-chunk mean and top-K on CPU, fused per query
+(METHOD.md, retrieval steps 3-5).
+
+Per query: Q* = seeds plus every node reachable in 1..h hops along the CSR
+out-edges (each node once, found with a visit stamp instead of a set); the
+similarity of each expanded node is a dot product against the query (a sampled
+dense-dense product: only the entries of Q*); chunk scores are the mean over a
+chunk's nodes in Q*; the K best chunks win, ties by lower chunk id.
+
+Threads take queries round-robin and keep their scratch arrays (visit stamps,
+chunk sums) across queries, so nothing of size N is cleared per query.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+
+@numba.njit(parallel=True, cache=True)
+def expand_and_rank(seed_ids, seed_sims, indptr, indices, nodes, queries, node_chunk, n_chunks, hops, top_k):
+    n_queries, n_seeds = seed_ids.shape
+    n_nodes = nodes.shape[0]
+    dim = nodes.shape[1]
+    out_chunks = np.full((n_queries, top_k), -1, dtype=np.int64)
+    out_scores = np.full((n_queries, top_k), -np.inf, dtype=np.float32)
+    out_selected = np.zeros(n_queries, dtype=np.int64)
+    n_threads = numba.get_num_threads()
+    for t in numba.prange(n_threads):
+        stamp = np.zeros(n_nodes, dtype=np.int64)  # stamp[u] == b + 1: u is in Q* of query b
+        chunk_stamp = np.zeros(n_chunks, dtype=np.int64)
+        chunk_sum = np.zeros(n_chunks, dtype=np.float64)
+        chunk_count = np.zeros(n_chunks, dtype=np.int64)
+        selected = np.empty(n_nodes, dtype=np.int64)
+        touched = np.empty(n_chunks, dtype=np.int64)
+        for b in range(t, n_queries, n_threads):
+            mark = b + 1
+            size = 0
+            for s in range(n_seeds):
+                u = seed_ids[b, s]
+                if u >= 0 and stamp[u] != mark:
+                    stamp[u] = mark
+                    selected[size] = u
+                    size += 1
+            start, end = 0, size
+            for _ in range(hops):  # breadth-first, one hop per round
+                for i in range(start, end):
+                    u = selected[i]
+                    for e in range(indptr[u], indptr[u + 1]):
+                        v = indices[e]
+                        if stamp[v] != mark:
+                            stamp[v] = mark
+                            selected[size] = v
+                            size += 1
+                start, end = end, size
+            out_selected[b] = size
+            n_touched = 0
+            for i in range(size):
+                u = selected[i]
+                sim = np.float32(0.0)
+                for d in range(dim):
+                    sim += queries[b, d] * nodes[u, d]
+                c = node_chunk[u]
+                if chunk_stamp[c] != mark:
+                    chunk_stamp[c] = mark
+                    chunk_sum[c] = 0.0
+                    chunk_count[c] = 0
+                    touched[n_touched] = c
+                    n_touched += 1
+                chunk_sum[c] += sim
+                chunk_count[c] += 1
+            for i in range(n_touched):  # insertion into the sorted top-K buffer
+                c = touched[i]
+                score = np.float32(chunk_sum[c] / chunk_count[c])
+                pos = top_k
+                while pos > 0 and (score > out_scores[b, pos - 1] or (score == out_scores[b, pos - 1] and c < out_chunks[b, pos - 1])):
+                    pos -= 1  # ranked by (score desc, chunk id asc)
+                if pos < top_k:
+                    for j in range(top_k - 1, pos, -1):
+                        out_scores[b, j] = out_scores[b, j - 1]
+                        out_chunks[b, j] = out_chunks[b, j - 1]
+                    out_scores[b, pos] = score
+                    out_chunks[b, pos] = c
+    return out_chunks, out_scores, out_selected

@@ -1,0 +1,51 @@
+"""Answering (METHOD.md, retrieval step 5): the top-K chunks and the question go to an LLM,
+the context capped at ``max_context_tokens``; all questions in one batched call."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .chunking import load_tokenizer
+from .llm import Completion, LLMBackend, SamplingSpec
+
+ABSTAIN = "Insufficient information"
+
+ANSWER_SYSTEM_PROMPT = (
+    "You answer questions about a collection of documents, using only the document excerpts given with the "
+    "question. Answer briefly and directly. If the excerpts do not contain the answer, reply exactly: "
+    f"{ABSTAIN}."
+)
+
+
+@dataclass
+class AnswerConfig:
+    max_context_tokens: int = field(default=6000, metadata={"help": "Context cap in tokens (cl100k_base) for the retrieved chunks (paper: 6000)."})
+    max_answer_tokens: int = field(default=256, metadata={"help": "Longest answer, in LLM tokens."})
+    answer_temperature: float = field(default=0.0, metadata={"help": "Sampling temperature of the answering LLM (0 = greedy)."})
+
+
+def build_context(chunk_texts: list[str], max_tokens: int, tokenizer_name: str = "cl100k_base") -> str:
+    """Chunks in rank order, numbered, until the token budget is spent (the last one cut to fit)."""
+    tokenizer = load_tokenizer(tokenizer_name)
+    parts, budget = [], max_tokens
+    for rank, text in enumerate(chunk_texts, 1):
+        starts = tokenizer.token_starts(text)
+        if budget <= 0:
+            break
+        if len(starts) > budget:
+            text = text[: starts[budget]]
+        budget -= min(len(starts), budget)
+        parts.append(f"[{rank}]\n{text.strip()}")
+    return "\n\n".join(parts)
+
+
+def build_answer_conversation(question: str, context: str) -> list[dict]:
+    return [
+        {"role": "system", "content": ANSWER_SYSTEM_PROMPT},
+        {"role": "user", "content": f"Document excerpts:\n{context or '(none)'}\n\nQuestion: {question}"},
+    ]
+
+
+def answer_questions(llm: LLMBackend, questions: list[str], contexts: list[str], config: AnswerConfig, progress: bool = True) -> list[Completion]:
+    sampling = SamplingSpec(temperature=config.answer_temperature, top_p=1.0, max_tokens=config.max_answer_tokens, seed=0)
+    conversations = [build_answer_conversation(q, c) for q, c in zip(questions, contexts)]
+    return llm.chat(conversations, sampling, progress)

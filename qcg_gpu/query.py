@@ -1,0 +1,78 @@
+"""``qcg query`` / ``qcg answer`` plumbing: read a batch of queries, embed it with the
+index's own embedder, retrieve, and describe each result as one JSON object."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .embedding import Embedder
+from .errors import QCGError
+from .index_format import load_array, load_table
+from .models import DEFAULT_EMBEDDER
+from .retrieval import QCGIndex, RetrievalConfig, RetrievalResult, Retriever, trace_query
+
+
+def read_queries(query: str | None = None, path: str | Path | None = None) -> tuple[list[str], list[str]]:
+    """(query ids, texts) from one --query or a .txt (a query per line) / .jsonl ({query_id?, query|question}) file."""
+    if query is not None:
+        if not query.strip():
+            raise QCGError("the query is empty")
+        return ["0"], [query.strip()]
+    path = Path(path)
+    if not path.exists():
+        raise QCGError(f"queries file not found: {path}")
+    ids, texts = [], []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue  # blank lines carry no query
+        if path.suffix == ".jsonl":
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise QCGError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from exc
+            text = record.get("query") or record.get("question") if isinstance(record, dict) else None
+            if not isinstance(text, str) or not text.strip():
+                raise QCGError(f"{path}:{lineno}: needs a non-empty 'query' (or 'question') string")
+            ids.append(str(record.get("query_id", lineno)))
+            texts.append(text.strip())
+        else:
+            ids.append(str(lineno))
+            texts.append(line.strip())
+    if not texts:
+        raise QCGError(f"no queries in {path}")
+    return ids, texts
+
+
+def index_embedder(index: QCGIndex, device: str | None = None) -> Embedder:
+    name = index.manifest["models"]["embedder"]
+    return Embedder(None if name == DEFAULT_EMBEDDER else name, device)
+
+
+def load_query_embeddings(path: str | Path) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise QCGError(f"cannot read query embeddings {path}: {exc}") from exc
+
+
+def describe(index: QCGIndex, ids: list[str], texts: list[str] | None, result: RetrievalResult,
+             config: RetrievalConfig, queries: np.ndarray | None = None) -> list[dict]:
+    """One JSON-ready record per query; a trace when ``queries`` (their embeddings) is given."""
+    doc_ids = load_table(index.path, "chunks").column("doc_id").to_pylist()
+    records = []
+    for b, query_id in enumerate(ids):
+        chunks = [
+            {"chunk_id": int(c), "doc_id": doc_ids[c], "score": round(float(s), 6)}
+            for c, s in zip(result.chunk_ids[b], result.scores[b]) if c >= 0
+        ]
+        record = {"query_id": query_id, **({"query": texts[b]} if texts else {}), "chunks": chunks}
+        if queries is not None:
+            record["trace"] = trace_query(index, queries[b], result.seed_ids[b], result.seed_sims[b], config.hops)
+        records.append(record)
+    return records
+
+
+def chunk_texts(index: QCGIndex) -> list[str]:
+    return load_table(index.path, "chunks").column("text").to_pylist()

@@ -1,0 +1,292 @@
+"""Batched QCG retrieval (METHOD.md, "Retrieval"): B queries at once, as dense GEMM tiles
+plus sparse steps, on one of two backends with identical results:
+
+* ``numpy``: BLAS GEMM per query tile, then the numba kernels in ``qcg_gpu.kernels``
+  (fused threshold/top-n seed selection; fused expansion + gather-dot + chunk mean + top-K);
+* ``torch``: the same steps as dense tensor operations (topk, gathers over the fixed-degree
+  kNN table, sort-based segment means); CUDA when present, CPU tensors otherwise.
+
+The B x N similarity matrix is never materialised beyond one tile of queries.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .capabilities import WITH_TORCH, default_device, require
+from .errors import QCGError
+from .index_format import load_array, load_table, read_manifest
+
+PRESETS = {  # the paper's per-dataset settings (k, the kNN degree, is fixed when the index is built)
+    "lihuaworld": {"gamma": 1.5, "n": 10, "hops": 1, "top_k": 5},
+    "multihop-rag": {"gamma": 1.0, "n": 15, "hops": 1, "top_k": 5},
+}
+SIMILARITY_TILE_ELEMENTS = 1 << 26  # 256 MiB of float32 similarities per query tile
+TOPK_MARGIN = 8
+
+
+def _opt(default, help: str, choices=None):
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass
+class RetrievalConfig:
+    gamma: float = _opt(1.5, "Seed threshold on sim + 1 (in [0, 2]; paper: 1.5 LiHuaWorld, 1.0 MultiHop-RAG).")
+    n: int = _opt(10, "Most seed nodes per query (paper: 10 LiHuaWorld, 15 MultiHop-RAG).")
+    hops: int = _opt(1, "Expansion hops along kNN edges (0-3; paper: 1).")
+    top_k: int = _opt(5, "Chunks returned per query (K).")
+    backend: str = _opt("auto", "Retrieval backend: torch (CUDA when present), numpy (numba kernels), or auto.", ("auto", "torch", "numpy"))
+    device: Optional[str] = _opt(None, "Torch device for the torch backend (default: cuda when present, else cpu).")
+
+    def validate(self) -> "RetrievalConfig":
+        if not 0.0 <= self.gamma <= 2.0:
+            raise QCGError(f"gamma must be in [0, 2], got {self.gamma}")
+        if self.n < 1 or self.top_k < 1:
+            raise QCGError(f"n and top_k must be >= 1, got n={self.n}, top_k={self.top_k}")
+        if not 0 <= self.hops <= 3:
+            raise QCGError(f"hops must be in 0..3, got {self.hops}")
+        return self
+
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        from .capabilities import with_cuda
+
+        return "torch" if with_cuda() else "numpy"
+
+
+def seed_threshold(gamma: float) -> np.float32:
+    """sim + 1 >= gamma as a float32 bound on sim: the smallest float32 >= gamma - 1, so every backend agrees."""
+    t = np.float32(gamma - 1.0)
+    return t if float(t) >= gamma - 1.0 else np.nextafter(t, np.float32(np.inf))
+
+
+@dataclass
+class QCGIndex:
+    """The arrays retrieval needs, loaded from an index directory (embeddings memory-mapped)."""
+
+    path: Path
+    manifest: dict
+    node_embeddings: np.ndarray  # (N, d) float32, unit rows
+    knn_indptr: np.ndarray
+    knn_indices: np.ndarray
+    node_chunk: np.ndarray  # (N,) int64
+    n_chunks: int
+
+    @classmethod
+    def load(cls, path: str | Path) -> "QCGIndex":
+        path = Path(path)
+        manifest = read_manifest(path)
+        emb = load_array(path, "node_embeddings")
+        if emb.dtype != np.float32:
+            emb = emb.astype(np.float32)
+        node_chunk = load_table(path, "nodes").column("chunk_id").to_numpy().astype(np.int64)
+        indptr, indices = load_array(path, "knn_indptr", mmap=False), load_array(path, "knn_indices", mmap=False)
+        n = len(emb)
+        if len(node_chunk) != n or len(indptr) != n + 1 or (n and indptr[-1] != len(indices)):
+            raise QCGError(f"index {path} is inconsistent: {n} node embeddings, {len(node_chunk)} nodes, CSR of {len(indptr) - 1} rows")
+        return cls(path, manifest, emb, indptr, indices, node_chunk, int(manifest["counts"]["chunks"]))
+
+    @property
+    def dim(self) -> int:
+        return self.node_embeddings.shape[1]
+
+
+@dataclass
+class RetrievalResult:
+    chunk_ids: np.ndarray  # (B, K) int64, -1 where a query has fewer than K chunks
+    scores: np.ndarray  # (B, K) float32 mean similarity, -inf where chunk_ids is -1
+    seed_ids: np.ndarray  # (B, n) int64, -1 padded, best first
+    seed_sims: np.ndarray  # (B, n) float32
+    n_selected: np.ndarray  # (B,) size of Q* per query
+
+
+def check_queries(queries: np.ndarray, dim: int) -> np.ndarray:
+    """Queries as a contiguous float32 (B, dim) array of unit rows; refuses what cannot be fixed."""
+    q = np.asarray(queries, dtype=np.float32)
+    if q.ndim == 1:
+        q = q[None, :]
+    if q.ndim != 2 or q.shape[1] != dim:
+        raise QCGError(f"query embeddings must have shape (B, {dim}) to match the index, got {tuple(np.shape(queries))}")
+    if not np.isfinite(q).all():
+        raise QCGError("query embeddings contain NaN or infinite values")
+    norms = np.linalg.norm(q, axis=1, keepdims=True)
+    if (norms == 0).any():
+        raise QCGError("a query embedding is all zeros")
+    return np.ascontiguousarray(q / norms if not np.allclose(norms, 1.0, atol=1e-3) else q)
+
+
+class Retriever:
+    def __init__(self, index: QCGIndex | str | Path, config: RetrievalConfig | None = None):
+        self.index = index if isinstance(index, QCGIndex) else QCGIndex.load(index)
+        self.config = (config or RetrievalConfig()).validate()
+        self.backend = self.config.resolved_backend()
+        if self.backend == "torch":
+            self._impl = _TorchBackend(self.index, self.config.device or default_device())
+        elif self.backend == "numpy":
+            self._impl = _NumpyBackend(self.index)
+        else:
+            raise QCGError(f"unknown retrieval backend {self.backend!r}")
+
+    def search(self, queries: np.ndarray, config: RetrievalConfig | None = None) -> RetrievalResult:
+        config = (config or self.config).validate()
+        q = check_queries(queries, self.index.dim)
+        return self._impl.search(q, config)
+
+
+def _tile_rows(n_nodes: int) -> int:
+    return int(max(1, min(4096, SIMILARITY_TILE_ELEMENTS // max(n_nodes, 1))))
+
+
+def _empty_result(b: int, config: RetrievalConfig) -> RetrievalResult:
+    return RetrievalResult(
+        np.full((b, config.top_k), -1, np.int64), np.full((b, config.top_k), -np.inf, np.float32),
+        np.full((b, config.n), -1, np.int64), np.full((b, config.n), -np.inf, np.float32), np.zeros(b, np.int64),
+    )
+
+
+class _NumpyBackend:
+    def __init__(self, index: QCGIndex):
+        from .kernels import expand_cpu, seeds_cpu
+
+        self.index, self._seeds, self._expand = index, seeds_cpu.top_n_above, expand_cpu.expand_and_rank
+
+    def search(self, q: np.ndarray, config: RetrievalConfig) -> RetrievalResult:
+        index, out = self.index, _empty_result(len(q), config)
+        if len(index.node_embeddings) == 0:
+            return out
+        threshold, rows = seed_threshold(config.gamma), _tile_rows(len(index.node_embeddings))
+        for start in range(0, len(q), rows):
+            tile = q[start : start + rows]
+            sims = tile @ index.node_embeddings.T  # the GEMM: (rows, N) float32
+            ids, vals = self._seeds(sims, threshold, min(config.n, sims.shape[1]))
+            part = slice(start, start + len(tile))
+            out.seed_ids[part, : ids.shape[1]], out.seed_sims[part, : ids.shape[1]] = ids, vals
+            out.chunk_ids[part], out.scores[part], out.n_selected[part] = self._expand(
+                ids, vals, index.knn_indptr, index.knn_indices, index.node_embeddings, tile,
+                index.node_chunk, index.n_chunks, config.hops, config.top_k,
+            )
+        return out
+
+
+class _TorchBackend:
+    def __init__(self, index: QCGIndex, device: str):
+        self.torch = torch = require("torch")
+        self.index, self.device = index, torch.device(device)
+        n = len(index.node_embeddings)
+        self.nodes = torch.from_numpy(np.ascontiguousarray(index.node_embeddings)).to(self.device)
+        degree = np.diff(index.knn_indptr)
+        if n and not (degree == degree[0]).all():
+            raise QCGError("the torch backend needs a kNN graph with the same degree on every row")
+        self.k = int(degree[0]) if n else 0
+        self.neighbors = torch.from_numpy(np.asarray(index.knn_indices, dtype=np.int64)).to(self.device).view(n, self.k)
+        # one extra row so that padding (-1 -> n) gathers harmlessly: no neighbours, chunk "n_chunks"
+        self.neighbors = torch.cat([self.neighbors, torch.full((1, self.k), n, device=self.device, dtype=torch.int64)])
+        self.nodes_padded = torch.cat([self.nodes, torch.zeros((1, index.dim), device=self.device)])
+        self.node_chunk = torch.from_numpy(np.r_[index.node_chunk, index.n_chunks]).to(self.device)
+
+    def search(self, q: np.ndarray, config: RetrievalConfig) -> RetrievalResult:
+        torch, index, out = self.torch, self.index, _empty_result(len(q), config)
+        n_nodes = len(index.node_embeddings)
+        if n_nodes == 0:
+            return out
+        threshold = float(seed_threshold(config.gamma))
+        with torch.inference_mode():
+            for start in range(0, len(q), _tile_rows(n_nodes)):
+                tile = torch.from_numpy(q[start : start + _tile_rows(n_nodes)]).to(self.device)
+                part = slice(start, start + len(tile))
+                seed_ids, seed_sims = self._seeds(tile @ self.nodes.T, threshold, min(config.n, n_nodes))
+                out.seed_ids[part, : seed_ids.shape[1]] = seed_ids.cpu().numpy()
+                out.seed_sims[part, : seed_ids.shape[1]] = seed_sims.cpu().numpy()
+                selected = self._expand(seed_ids, config.hops)
+                chunks, scores = self._rank_chunks(tile, selected, config.top_k)
+                out.chunk_ids[part], out.scores[part] = chunks.cpu().numpy(), scores.cpu().numpy()
+                out.n_selected[part] = (selected < n_nodes).sum(1).cpu().numpy()
+        return out
+
+    def _seeds(self, sims, threshold: float, n: int):
+        """Best n with sim >= threshold, ties by lower id; -1 padded."""
+        torch = self.torch
+        width = min(sims.shape[1], n + TOPK_MARGIN)
+        vals, ids = sims.topk(width, dim=1)
+        # order candidates by (value desc, id asc): topk does not promise an order among ties
+        by_id = ids.argsort(dim=1)
+        ids, vals = ids.gather(1, by_id), vals.gather(1, by_id)
+        order = vals.argsort(dim=1, descending=True, stable=True)
+        ids, vals = ids.gather(1, order), vals.gather(1, order)
+        # a tie between the n-th and the last candidate may continue past the candidates: sort the row fully
+        unsure = (vals[:, n - 1] >= threshold) & (vals[:, n - 1] == vals[:, -1]) & (width < sims.shape[1])
+        for r in torch.nonzero(unsure).flatten().tolist():
+            order = (-sims[r]).argsort(stable=True)[:width]
+            ids[r], vals[r] = order, sims[r, order]
+        ids, vals = ids[:, :n], vals[:, :n]
+        keep = vals >= threshold
+        return torch.where(keep, ids, -1), torch.where(keep, vals, torch.full_like(vals, -float("inf")))
+
+    def _expand(self, seed_ids, hops: int):
+        """Q* per row as node ids (sorted, unique), padding = N."""
+        torch, n_nodes = self.torch, len(self.index.node_embeddings)
+        frontier = torch.where(seed_ids >= 0, seed_ids, n_nodes)
+        reached = [frontier]
+        for _ in range(hops):
+            frontier = self.neighbors[frontier].flatten(1)  # padding rows point to padding
+            frontier = _unique_rows(torch, frontier, n_nodes)
+            reached.append(frontier)
+        return _unique_rows(torch, torch.cat(reached, dim=1), n_nodes)
+
+    def _rank_chunks(self, tile, selected, top_k: int):
+        """Mean similarity per chunk over Q*, then the K best chunks (ties by lower chunk id)."""
+        torch, n_chunks = self.torch, self.index.n_chunks
+        sims = torch.einsum("bld,bd->bl", self.nodes_padded[selected], tile)  # gather + dot: only Q* entries
+        chunks = self.node_chunk[selected]
+        chunks, order = chunks.sort(dim=1, stable=True)
+        sims = sims.gather(1, order)
+        starts = torch.ones_like(chunks, dtype=torch.bool)
+        starts[:, 1:] = chunks[:, 1:] != chunks[:, :-1]
+        segment = starts.cumsum(dim=1) - 1  # segment number of each entry within its row
+        sums = torch.zeros(sims.shape, dtype=torch.float64, device=sims.device).scatter_add_(1, segment, sims.double())
+        counts = torch.zeros_like(sums).scatter_add_(1, segment, torch.ones_like(sums))
+        seg_chunk = torch.full_like(chunks, n_chunks).scatter_(1, segment, chunks)
+        means = torch.where((counts > 0) & (seg_chunk < n_chunks), sums / counts.clamp(min=1), -float("inf")).float()
+        order = means.argsort(dim=1, descending=True, stable=True)[:, :top_k]  # segments ascend by chunk id
+        scores, best = means.gather(1, order), seg_chunk.gather(1, order)
+        if best.shape[1] < top_k:
+            pad = top_k - best.shape[1]
+            best = torch.cat([best, torch.full((len(best), pad), n_chunks, device=best.device)], 1)
+            scores = torch.cat([scores, torch.full((len(best), pad), -float("inf"), device=best.device)], 1)
+        return torch.where(torch.isfinite(scores), best, -1), scores
+
+
+def _unique_rows(torch, ids, pad: int):
+    """Sort each row and replace repeats by ``pad`` (which sorts last)."""
+    ids, _ = ids.sort(dim=1)
+    repeat = torch.zeros_like(ids, dtype=torch.bool)
+    repeat[:, 1:] = ids[:, 1:] == ids[:, :-1]
+    ids = torch.where(repeat, pad, ids)
+    ids, _ = ids.sort(dim=1)
+    width = int((ids < pad).sum(1).max().item()) if ids.numel() else 0
+    return ids[:, : max(width, 1)]
+
+
+def trace_query(index: QCGIndex, query: np.ndarray, seed_ids: np.ndarray, seed_sims: np.ndarray, hops: int) -> dict:
+    """The paper's case-study view of one query: seeds, nodes added by expansion, and every chunk's score."""
+    seeds = [int(u) for u in seed_ids if u >= 0]
+    selected, frontier, added = set(seeds), set(seeds), []
+    for _ in range(hops):
+        frontier = {int(v) for u in frontier for v in index.knn_indices[index.knn_indptr[u] : index.knn_indptr[u + 1]]} - selected
+        selected |= frontier
+        added += sorted(frontier)
+    nodes = np.array(sorted(selected), dtype=np.int64)
+    sims = index.node_embeddings[nodes] @ query if len(nodes) else np.zeros(0)
+    chunks: dict[int, list[float]] = {}
+    for u, s in zip(nodes.tolist(), sims.tolist()):
+        chunks.setdefault(int(index.node_chunk[u]), []).append(s)
+    ranked = sorted(chunks.items(), key=lambda item: (-float(np.mean(item[1])), item[0]))
+    return {
+        "seeds": [{"node_id": u, "sim": float(s)} for u, s in zip(seeds, seed_sims.tolist())],
+        "expanded": added,
+        "chunks": [{"chunk_id": c, "score": float(np.mean(v)), "n_nodes": len(v)} for c, v in ranked],
+    }

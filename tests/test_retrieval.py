@@ -1,0 +1,123 @@
+import itertools
+
+import numpy as np
+import pytest
+
+from qcg_gpu.capabilities import WITH_TORCH
+from qcg_gpu.errors import QCGError
+from qcg_gpu.knn import knn_graph
+from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever, check_queries
+
+from .conftest import DEVICES
+from .reference import reference_search
+
+BACKENDS = [("numpy", None)] + ([("torch", d) for d in DEVICES] if WITH_TORCH else [])
+
+
+def random_index(seed: int, n_nodes: int, dim: int, k: int, n_chunks: int) -> QCGIndex:
+    rng = np.random.default_rng(seed)
+    # clustered unit vectors, so thresholds at gamma 1.5 (cosine 0.5) select something
+    centers = rng.standard_normal((8, dim))
+    x = centers[rng.integers(0, 8, n_nodes)] + 0.6 * rng.standard_normal((n_nodes, dim))
+    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    graph = knn_graph(x, k, "torch", "cpu")
+    node_chunk = np.sort(rng.integers(0, n_chunks, n_nodes))
+    return QCGIndex(None, {}, x, graph.indptr, graph.indices, node_chunk.astype(np.int64), n_chunks)
+
+
+def queries_for(index: QCGIndex, seed: int, b: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    picks = index.node_embeddings[rng.integers(0, len(index.node_embeddings), b)]
+    q = picks + 0.5 * rng.standard_normal(picks.shape).astype(np.float32)
+    return (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
+
+
+def assert_matches_reference(index, queries, result, config):
+    for b, q in enumerate(queries):
+        seeds, selected, chunks, scores = reference_search(
+            index.node_embeddings, index.knn_indptr, index.knn_indices, index.node_chunk, q,
+            config.gamma, config.n, config.hops, config.top_k)
+        got = [c for c in result.chunk_ids[b].tolist() if c >= 0]
+        assert got == chunks, f"query {b}"
+        np.testing.assert_allclose(result.scores[b, : len(got)], scores, atol=1e-5)
+        assert [s for s in result.seed_ids[b].tolist() if s >= 0] == seeds
+        assert result.n_selected[b] == len(selected)
+
+
+@pytest.mark.parametrize("backend,device", BACKENDS)
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_backends_match_reference_over_a_parameter_grid(backend, device, k):
+    index = random_index(k, 600, 32, k, n_chunks=90)
+    queries = queries_for(index, k, 40)
+    retriever = Retriever(index, RetrievalConfig(backend=backend, device=device))
+    for hops, n, gamma, top_k in itertools.product([0, 1, 2], [1, 7, 20], [1.0, 1.5], [1, 5]):
+        config = RetrievalConfig(gamma=gamma, n=n, hops=hops, top_k=top_k, backend=backend, device=device)
+        assert_matches_reference(index, queries, retriever.search(queries, config), config)
+
+
+@pytest.mark.parametrize("backend,device", BACKENDS)
+def test_no_seed_above_threshold_gives_no_chunks(backend, device):
+    index = random_index(0, 200, 16, 2, 30)
+    queries = queries_for(index, 0, 5)
+    result = Retriever(index, RetrievalConfig(gamma=2.0, backend=backend, device=device)).search(-queries * 0 + queries)
+    exact = (queries @ index.node_embeddings.T >= 1.0).any(axis=1)
+    assert not exact.any()
+    assert (result.chunk_ids == -1).all() and np.isneginf(result.scores).all() and (result.n_selected == 0).all()
+
+
+@pytest.mark.parametrize("backend,device", BACKENDS)
+def test_exact_ties_break_by_lower_ids(backend, device):
+    # entries of 0.5 on 4 of 16 axes: unit vectors whose dot products are exact, so ties are exact
+    patterns = [(0, 1, 2, 3), (0, 1, 2, 4), (0, 1, 2, 5), (0, 1, 2, 6), (0, 1, 2, 3), (8, 9, 10, 11), (0, 1, 2, 3)]
+    x = np.zeros((len(patterns), 16), np.float32)
+    for i, axes in enumerate(patterns):
+        x[i, list(axes)] = 0.5
+    graph = knn_graph(x, 2)
+    node_chunk = np.array([3, 2, 1, 0, 4, 5, 4])
+    index = QCGIndex(None, {}, x, graph.indptr, graph.indices, node_chunk, 6)
+    query = x[:1].copy()  # sims: 1, .75, .75, .75, 1, 0, 1
+    config = RetrievalConfig(gamma=1.0, n=3, hops=0, top_k=6, backend=backend, device=device)
+    result = Retriever(index, config).search(query)
+    assert result.seed_ids[0].tolist() == [0, 4, 6]  # the three exact matches, by id
+    assert result.chunk_ids[0].tolist() == [3, 4, -1, -1, -1, -1]  # chunk 3 and 4 tie at 1.0: lower id first
+    config.n, config.hops = 5, 0
+    result = Retriever(index, config).search(query)
+    assert result.seed_ids[0].tolist() == [0, 4, 6, 1, 2]  # .75-ties: ids 1, 2 (not 3)
+    assert result.chunk_ids[0].tolist()[:4] == [3, 4, 1, 2]
+
+
+@pytest.mark.parametrize("backend,device", BACKENDS)
+def test_chunk_reached_only_through_expansion(backend, device):
+    index = random_index(3, 400, 24, 3, 120)
+    queries = queries_for(index, 3, 30)
+    config = RetrievalConfig(gamma=1.5, n=3, hops=2, top_k=5, backend=backend, device=device)
+    result = Retriever(index, config).search(queries)
+    assert_matches_reference(index, queries, result, config)
+    seed_chunks = [set(index.node_chunk[s[s >= 0]].tolist()) for s in result.seed_ids]
+    only_expanded = [c for b, row in enumerate(result.chunk_ids) for c in row if c >= 0 and c not in seed_chunks[b]]
+    assert only_expanded  # such chunks exist and are ranked like the others
+
+
+@pytest.mark.parametrize("backend,device", BACKENDS)
+def test_tiny_indexes(backend, device):
+    for n_nodes in (1, 2):
+        x = np.eye(n_nodes, 4, dtype=np.float32)
+        graph = knn_graph(x, 2)
+        index = QCGIndex(None, {}, x, graph.indptr, graph.indices, np.zeros(n_nodes, np.int64), 1)
+        config = RetrievalConfig(gamma=1.0, n=5, hops=2, top_k=3, backend=backend, device=device)
+        result = Retriever(index, config).search(x[:1])
+        assert result.chunk_ids[0].tolist() == [0, -1, -1]
+        assert result.n_selected[0] == n_nodes
+
+
+def test_query_checks():
+    assert np.allclose(np.linalg.norm(check_queries(np.array([[3.0, 4.0]]), 2), axis=1), 1.0)
+    for bad, message in [(np.ones((2, 3)), "shape"), (np.array([[np.nan, 1.0]]), "NaN"), (np.zeros((1, 2)), "all zeros")]:
+        with pytest.raises(QCGError, match=message):
+            check_queries(bad, 2)
+
+
+@pytest.mark.parametrize("options,message", [({"gamma": 2.5}, "gamma"), ({"n": 0}, "n and top_k"), ({"top_k": 0}, "n and top_k"), ({"hops": 4}, "hops")])
+def test_bad_parameters(options, message):
+    with pytest.raises(QCGError, match=message):
+        RetrievalConfig(**options).validate()
