@@ -17,14 +17,13 @@ import numpy as np
 
 
 @numba.njit(parallel=True, cache=True)
-def expand_and_rank(seed_ids, seed_sims, indptr, indices, nodes, queries, node_chunk, n_chunks, hops, top_k):
+def expand_and_rank(seed_ids, seed_sims, indptr, indices, nodes, queries, node_chunk, n_chunks, hops, top_k, n_threads):
     n_queries, n_seeds = seed_ids.shape
     n_nodes = nodes.shape[0]
     dim = nodes.shape[1]
     out_chunks = np.full((n_queries, top_k), -1, dtype=np.int64)
     out_scores = np.full((n_queries, top_k), -np.inf, dtype=np.float32)
     out_selected = np.zeros(n_queries, dtype=np.int64)
-    n_threads = numba.get_num_threads()
     for t in numba.prange(n_threads):
         stamp = np.zeros(n_nodes, dtype=np.int64)  # stamp[u] == b + 1: u is in Q* of query b
         chunk_stamp = np.zeros(n_chunks, dtype=np.int64)

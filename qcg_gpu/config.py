@@ -44,6 +44,10 @@ class GenerationConfig:
     m: int = _opt(20, "Question-answer pairs asked of the LLM per chunk (M).")
     temperature: float = _opt(0.3, "Sampling temperature of the Doc2Query LLM.")
     top_p: float = _opt(0.95, "Nucleus sampling of the Doc2Query LLM.")
+    repetition_penalty: float = _opt(
+        1.1,
+        "Penalty on repeated tokens; without it small models repeat one pair M times. Use 1.0 for APIs that reject the field (OpenAI's).",
+    )
     seed: int = _opt(0, "Sampling seed (same seed + same inputs = same pairs on the same engine).")
     max_question_chars: int = _opt(200, "Longest question the JSON schema allows (bounds output tokens).")
     max_answer_chars: int = _opt(150, "Longest answer the JSON schema allows.")

@@ -15,24 +15,16 @@ from dataclasses import dataclass, field
 from .config import GenerationConfig
 from .llm import SamplingSpec
 
-PROMPT_VERSION = 1
+PROMPT_VERSION = 2
 
 SYSTEM_PROMPT = (
     "You write question-answer pairs for a search index. Every question must be answerable from the given text alone, "
     "and every answer must be a short exact span or fact from the text. Questions must be distinct and cover different "
     "facts (who, what, when, where, why). Reply with JSON only."
 )
-
-EXAMPLE_TEXT = (
-    "Time: 20260312_09:30\n"
-    "Anna: The bakery on Elm Street closes at 6 pm on Saturdays now.\n"
-    "Ben: Good to know! I'll pick up the birthday cake for Mia on Friday then."
-)
-EXAMPLE_PAIRS = [
-    {"question": "When does the bakery on Elm Street close on Saturdays?", "answer": "6 pm"},
-    {"question": "Who will pick up the birthday cake?", "answer": "Ben"},
-    {"question": "Whose birthday cake is Ben picking up?", "answer": "Mia's"},
-]
+# No worked example: small models copy an example's facts into every reply (measured with
+# SmolLM2-135M: the example's bakery showed up in unrelated chunks), and the JSON schema
+# already fixes the format.
 
 
 def user_prompt(text: str, m: int) -> str:
@@ -40,13 +32,8 @@ def user_prompt(text: str, m: int) -> str:
 
 
 def build_conversation(text: str, m: int) -> list[dict]:
-    """Chat messages for one chunk: system rules, one worked example, then the chunk."""
-    return [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": user_prompt(EXAMPLE_TEXT, len(EXAMPLE_PAIRS))},
-        {"role": "assistant", "content": json.dumps({"pairs": EXAMPLE_PAIRS})},
-        {"role": "user", "content": user_prompt(text, m)},
-    ]
+    """Chat messages for one chunk: the rules, then the chunk."""
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user_prompt(text, m)}]
 
 
 def pairs_schema(config: GenerationConfig) -> dict:
@@ -76,6 +63,7 @@ def sampling_spec(config: GenerationConfig) -> SamplingSpec:
         top_p=config.top_p,
         max_tokens=config.max_tokens or config.m * per_pair + 32,
         seed=config.seed,
+        repetition_penalty=config.repetition_penalty,
         json_schema=pairs_schema(config) if config.structured_output else None,
     )
 
@@ -85,7 +73,7 @@ def cache_key(text: str, model_name: str, config: GenerationConfig) -> str:
     identity = {
         "text": text,
         "model": model_name,
-        "prompt": [PROMPT_VERSION, SYSTEM_PROMPT, EXAMPLE_TEXT, EXAMPLE_PAIRS, user_prompt("", config.m)],
+        "prompt": [PROMPT_VERSION, SYSTEM_PROMPT, user_prompt("", config.m)],
         "m": config.m,
         "sampling": sampling_spec(config).__dict__,
     }

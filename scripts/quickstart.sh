@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Install qcg-gpu, then index the bundled LiHuaWorld sample with the bundled models.
+# Install qcg-gpu, index the bundled LiHuaWorld sample with the bundled models, then answer a question.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 scripts/install.sh
 "$PY" -m qcg_gpu.cli index examples/lihuaworld_sample/docs out/lihuaworld_sample --overwrite "$@"
+"$PY" -m qcg_gpu.cli answer out/lihuaworld_sample --query "What house rule does Adam mention?" --trace

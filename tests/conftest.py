@@ -36,3 +36,22 @@ def embedder():
     from qcg_gpu.embedding import Embedder
 
     return Embedder(device="cpu")
+
+
+@pytest.fixture(scope="session")
+def small_index(tmp_path_factory, vllm_backend, embedder) -> Path:
+    """A real index of six LiHuaWorld chat logs (M = 4), built once per session."""
+    from qcg_gpu import build_index
+    from qcg_gpu.config import IndexConfig
+
+    root = tmp_path_factory.mktemp("small_index")
+    docs = root / "docs"
+    docs.mkdir()
+    for path in sorted((SAMPLE_DOCS / "week1").glob("*.txt"))[:6]:
+        shutil.copy(path, docs / path.name)
+    config = IndexConfig()
+    config.generation.m = 4
+    config.generation.cache = str(root / "cache.sqlite")
+    config.nodes.device = "cpu"
+    build_index(docs, root / "index", config, llm=vllm_backend, embedder=embedder, progress=False)
+    return root / "index"

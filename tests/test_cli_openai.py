@@ -1,6 +1,7 @@
 """The CLI, and the OpenAI-compatible backend against a real vLLM server process on loopback."""
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -103,3 +104,12 @@ def test_bad_input_gets_one_clear_line(args, message, few_docs, tmp_path):
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.llm
+def test_answer_through_openai_server(vllm_server, small_index):
+    result = qcg("answer", small_index, "--query", "What house rule does Adam mention?", "--gamma", "1.0",
+                 "--backend", "openai", "--base-url", vllm_server, "--model", "smollm2", "--max-answer-tokens", 40)
+    assert result.returncode == 0, result.stderr[-2000:]
+    [record] = [json.loads(line) for line in result.stdout.splitlines()]
+    assert record["chunks"] and isinstance(record["answer"], str) and record["answer"]

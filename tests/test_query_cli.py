@@ -1,0 +1,100 @@
+"""qcg query on a real index: texts embedded by the index's embedder, traces, baselines, bad input."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from qcg_gpu.answer import build_context
+from qcg_gpu.chunking import load_tokenizer
+from qcg_gpu.index_format import load_array, load_table
+from qcg_gpu.retrieval import RetrievalConfig, Retriever
+
+from .test_cli_openai import qcg
+
+pytestmark = pytest.mark.llm
+
+
+def _records(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines()]
+
+
+def test_query_text_with_trace(small_index, embedder):
+    question = "What time does Li Hua check in with Adam about moving in?"
+    result = qcg("query", small_index, "--query", question, "--gamma", "1.0", "--trace")
+    assert result.returncode == 0, result.stderr[-2000:]
+    [record] = _records(result.stdout)
+    assert record["query_id"] == "0" and record["query"] == question
+    chunks = record["chunks"]
+    assert 0 < len(chunks) <= 5 and [c["score"] for c in chunks] == sorted((c["score"] for c in chunks), reverse=True)
+    doc_ids = load_table(small_index, "chunks").column("doc_id").to_pylist()
+    assert all(doc_ids[c["chunk_id"]] == c["doc_id"] for c in chunks)
+    # the same through the Python API with the same embedder
+    api = Retriever(small_index, RetrievalConfig(gamma=1.0)).search(embedder.encode([question]))
+    assert [c["chunk_id"] for c in chunks] == [c for c in api.chunk_ids[0].tolist() if c >= 0]
+    trace = record["trace"]
+    assert 0 < len(trace["seeds"]) <= 10 and all(s["sim"] >= 0.0 for s in trace["seeds"])
+    assert [c["chunk_id"] for c in trace["chunks"][: len(chunks)]] == [c["chunk_id"] for c in chunks]
+    assert sum(c["n_nodes"] for c in trace["chunks"]) == len(trace["seeds"]) + len(trace["expanded"])
+
+
+def test_query_file_with_blank_lines_and_out_file(small_index, tmp_path):
+    path = tmp_path / "q.txt"
+    path.write_text("Who is Adam?\n\n   \nWhere does Li Hua live?\n")
+    out = tmp_path / "results.jsonl"
+    result = qcg("query", small_index, "--queries", path, "--preset", "multihop-rag", "--out", out)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert [r["query_id"] for r in _records(out.read_text())] == ["1", "4"]
+
+
+def test_bring_your_own_embeddings(small_index, tmp_path, embedder):
+    vectors = embedder.encode(["Who is Adam?", "lunch with Wolfgang"]) * 3.0  # not normalised: qcg normalises
+    np.save(tmp_path / "q.npy", vectors)
+    result = qcg("query", small_index, "--embeddings", tmp_path / "q.npy", "--gamma", "1.0", "--backend", "torch")
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = _records(result.stdout)
+    api = Retriever(small_index, RetrievalConfig(gamma=1.0, backend="numpy")).search(vectors / 3.0)
+    assert [[c["chunk_id"] for c in r["chunks"]] for r in records] == [[c for c in row if c >= 0] for row in api.chunk_ids.tolist()]
+    np.save(tmp_path / "bad.npy", np.ones((2, 7), np.float32))
+    bad = qcg("query", small_index, "--embeddings", tmp_path / "bad.npy")
+    assert bad.returncode == 2 and "shape (B, 384)" in bad.stderr
+
+
+def test_naive_baseline_is_top_k_by_chunk_cosine(small_index, embedder):
+    result = qcg("query", small_index, "--query", "Who is Adam?", "--method", "naive", "--top-k", "3")
+    [record] = _records(result.stdout)
+    sims = np.asarray(load_array(small_index, "chunk_embeddings")) @ embedder.encode(["Who is Adam?"])[0]
+    assert [c["chunk_id"] for c in record["chunks"]] == np.argsort(-sims, kind="stable")[:3].tolist()
+    for method in ("d2q", "d2q-minus"):
+        other = qcg("query", small_index, "--query", "Who is Adam?", "--method", method, "--top-k", "3")
+        assert other.returncode == 0 and len(_records(other.stdout)[0]["chunks"]) == 3
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--query", "  "], "the query is empty"),
+    (["--query", "x", "--gamma", "3"], "gamma must be in [0, 2]"),
+    (["--query", "x", "--n", "0"], "n and top_k must be >= 1"),
+    (["--queries", "/no/such/file.txt"], "queries file not found"),
+])
+def test_bad_query_input(small_index, args, message):
+    result = qcg("query", small_index, *args)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_missing_index_file_is_refused(small_index, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(small_index, broken)
+    (broken / "knn_indices.npy").unlink()
+    result = qcg("query", broken, "--query", "x")
+    assert result.returncode == 2 and "missing knn_indices.npy" in result.stderr
+
+
+def test_context_is_capped_in_tokens():
+    tokenizer = load_tokenizer("cl100k_base")
+    chunks = ["word " * 400, "other " * 400, "third " * 400]
+    context = build_context(chunks, 700)
+    assert len(tokenizer.token_starts(context)) <= 700 + 12  # plus the [rank] labels
+    assert "[1]" in context and "[2]" in context and "[3]" not in context
