@@ -2,9 +2,10 @@
 the context capped at ``max_context_tokens``; all questions in one batched call."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .chunking import load_tokenizer
+from .config import option
 from .llm import Completion, LLMBackend, SamplingSpec
 
 ABSTAIN = "Insufficient information"
@@ -18,9 +19,9 @@ ANSWER_SYSTEM_PROMPT = (
 
 @dataclass
 class AnswerConfig:
-    max_context_tokens: int = field(default=6000, metadata={"help": "Context cap in tokens (cl100k_base) for the retrieved chunks (paper: 6000)."})
-    max_answer_tokens: int = field(default=256, metadata={"help": "Longest answer, in LLM tokens."})
-    answer_temperature: float = field(default=0.0, metadata={"help": "Sampling temperature of the answering LLM (0 = greedy)."})
+    max_context_tokens: int = option(6000, "Context cap in tokens (cl100k_base) for the retrieved chunks (paper: 6000).")
+    max_answer_tokens: int = option(256, "Longest answer, in LLM tokens.")
+    answer_temperature: float = option(0.0, "Sampling temperature of the answering LLM (0 = greedy).")
 
 
 def build_context(chunk_texts: list[str], max_tokens: int, tokenizer_name: str = "cl100k_base") -> str:

@@ -20,22 +20,24 @@ from .retrieval import PRESETS, RetrievalConfig
 # the part of GenerationConfig that picks and runs an LLM (qcg answer reuses it)
 LLM_OPTIONS = ("backend", "model", "base_url", "api_key_env", "concurrency", "max_retries", "request_timeout",
                "max_model_len", "enforce_eager", "gpu_memory_utilization")
+RETRIEVAL_PREFIX = "retrieval_"
 
 
-def _add_dataclass_options(parser, section, title: str, only=None) -> None:
+def _add_dataclass_options(parser, section, title: str, only=None, prefix: str = "") -> None:
+    """One option per dataclass field; ``prefix`` keeps the dests of same-named fields apart."""
     group = parser.add_argument_group(title)
     hints = typing.get_type_hints(type(section))
     for f in dataclasses.fields(section):
         if only and f.name not in only:
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
         kind = hints[f.name]
         if kind is bool:
-            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
+            group.add_argument(flag, dest=prefix + f.name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
             continue
         base = typing.get_args(kind)[0] if typing.get_origin(kind) is typing.Union else kind
         group.add_argument(
-            flag, dest=f.name, type=base, default=f.default, choices=f.metadata.get("choices"),
+            flag, dest=prefix + f.name, metavar=None if f.metadata.get("choices") else f.name.upper(), type=base, default=f.default, choices=f.metadata.get("choices"),
             help=f.metadata["help"] + (f" (default: {f.default})" if f.default is not None else ""),
         )
 
@@ -60,9 +62,9 @@ def _add_query_arguments(parser) -> None:
     parser.add_argument("--trace", action="store_true", help="add each query's seeds, expanded nodes and chunk scores")
     parser.add_argument("--out", help="write JSON lines here instead of stdout")
     parser.add_argument("--embed-device", default=None, help="torch device of the query embedder (default: cuda when present)")
-    _add_dataclass_options(parser, RetrievalConfig(), "retrieval options")
+    _add_dataclass_options(parser, RetrievalConfig(), "retrieval options", prefix=RETRIEVAL_PREFIX)
     for action in parser._actions:  # presets fill options left at their defaults
-        if action.dest in RetrievalConfig.__dataclass_fields__:
+        if action.dest.startswith(RETRIEVAL_PREFIX):
             action.default = None
 
 
@@ -97,8 +99,8 @@ def _retrieval_config(args) -> RetrievalConfig:
         for key, value in PRESETS[args.preset].items():
             setattr(config, key, value)
     for f in dataclasses.fields(config):
-        if getattr(args, f.name) is not None:
-            setattr(config, f.name, getattr(args, f.name))
+        if getattr(args, RETRIEVAL_PREFIX + f.name) is not None:
+            setattr(config, f.name, getattr(args, RETRIEVAL_PREFIX + f.name))
     return config.validate()
 
 

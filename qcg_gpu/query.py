@@ -9,9 +9,9 @@ import numpy as np
 
 from .embedding import Embedder
 from .errors import QCGError
-from .index_format import load_array, load_table
+from .index_format import load_table
 from .models import DEFAULT_EMBEDDER
-from .retrieval import QCGIndex, RetrievalConfig, RetrievalResult, Retriever, trace_query
+from .retrieval import QCGIndex, RetrievalConfig, RetrievalResult, trace_query
 
 
 def read_queries(query: str | None = None, path: str | Path | None = None) -> tuple[list[str], list[str]]:

@@ -10,13 +10,14 @@ The B x N similarity matrix is never materialised beyond one tile of queries.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
-from .capabilities import WITH_TORCH, default_device, require
+from .capabilities import default_device, require
+from .config import option
 from .errors import QCGError
 from .index_format import load_array, load_table, read_manifest
 
@@ -28,18 +29,17 @@ SIMILARITY_TILE_ELEMENTS = 1 << 26  # 256 MiB of float32 similarities per query 
 TOPK_MARGIN = 8
 
 
-def _opt(default, help: str, choices=None):
-    return field(default=default, metadata={"help": help, "choices": choices})
-
-
 @dataclass
 class RetrievalConfig:
-    gamma: float = _opt(1.5, "Seed threshold on sim + 1 (in [0, 2]; paper: 1.5 LiHuaWorld, 1.0 MultiHop-RAG).")
-    n: int = _opt(10, "Most seed nodes per query (paper: 10 LiHuaWorld, 15 MultiHop-RAG).")
-    hops: int = _opt(1, "Expansion hops along kNN edges (0-3; paper: 1).")
-    top_k: int = _opt(5, "Chunks returned per query (K).")
-    backend: str = _opt("auto", "Retrieval backend: torch (CUDA when present), numpy (numba kernels), or auto.", ("auto", "torch", "numpy"))
-    device: Optional[str] = _opt(None, "Torch device for the torch backend (default: cuda when present, else cpu).")
+    gamma: float = option(1.5, "Seed threshold on sim + 1 (in [0, 2]; paper: 1.5 LiHuaWorld, 1.0 MultiHop-RAG).")
+    n: int = option(10, "Most seed nodes per query (paper: 10 LiHuaWorld, 15 MultiHop-RAG).")
+    hops: int = option(1, "Expansion hops along kNN edges (0-3; paper: 1).")
+    top_k: int = option(5, "Chunks returned per query (K).")
+    backend: str = option(
+        "auto", "Retrieval backend: torch (CUDA when present), numpy (numba kernels), or auto.", ("auto", "torch", "numpy"),
+        flag="--retrieval-backend",
+    )
+    device: Optional[str] = option(None, "Torch device for the torch backend (default: cuda when present, else cpu).", flag="--retrieval-device")
 
     def validate(self) -> "RetrievalConfig":
         if not 0.0 <= self.gamma <= 2.0:

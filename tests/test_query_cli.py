@@ -51,7 +51,7 @@ def test_query_file_with_blank_lines_and_out_file(small_index, tmp_path):
 def test_bring_your_own_embeddings(small_index, tmp_path, embedder):
     vectors = embedder.encode(["Who is Adam?", "lunch with Wolfgang"]) * 3.0  # not normalised: qcg normalises
     np.save(tmp_path / "q.npy", vectors)
-    result = qcg("query", small_index, "--embeddings", tmp_path / "q.npy", "--gamma", "1.0", "--backend", "torch")
+    result = qcg("query", small_index, "--embeddings", tmp_path / "q.npy", "--gamma", "1.0", "--retrieval-backend", "torch")
     assert result.returncode == 0, result.stderr[-2000:]
     records = _records(result.stdout)
     api = Retriever(small_index, RetrievalConfig(gamma=1.0, backend="numpy")).search(vectors / 3.0)
