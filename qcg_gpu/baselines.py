@@ -9,7 +9,6 @@ from .embedding import Embedder
 from .errors import QCGError
 from .index_format import load_array, load_table
 from .retrieval import QCGIndex, RetrievalConfig, RetrievalResult, _empty_result, _tile_rows
-from .kernels.seeds_cpu import top_n_above
 
 METHODS = ("qcg", "naive", "d2q", "d2q-minus")
 
@@ -32,6 +31,8 @@ def chunk_embeddings(index: QCGIndex, method: str, embedder: Embedder) -> np.nda
 
 def top_k_chunks(chunk_emb: np.ndarray, queries: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
     """(B, K) chunk ids and cosines, best first, ties by lower id; -1 / -inf padded."""
+    from .kernels.seeds_cpu import top_n_above  # numba: imported when used
+
     ids = np.full((len(queries), top_k), -1, np.int64)
     scores = np.full((len(queries), top_k), -np.inf, np.float32)
     k = min(top_k, len(chunk_emb))

@@ -112,6 +112,7 @@ def run_query(args) -> int:
 
     config = _retrieval_config(args)
     index = QCGIndex.load(args.index)
+    llm = _answering_llm(args) if args.command == "answer" else None  # fail fast, before any retrieval work
     if args.embeddings:
         vectors = query.load_query_embeddings(args.embeddings)
         ids, texts = [str(i) for i in range(len(np.atleast_2d(vectors)))], None
@@ -127,27 +128,32 @@ def run_query(args) -> int:
         result = baselines.search(index, args.method, embedder or query.index_embedder(index, args.embed_device), vectors, config)
     records = query.describe(index, ids, texts, result, config, vectors if args.trace and args.method == "qcg" else None)
     if args.command == "answer":
-        records = _answer(args, index, records, texts)
+        records = _answer(args, llm, index, records, texts)
     with (open(args.out, "w") if args.out else nullcontext(sys.stdout)) as out:
         for record in records:
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
     return 0
 
 
-def _answer(args, index, records, texts):
-    from .answer import answer_questions, build_context
+def _answering_llm(args):
     from .llm import make_backend
-    from .query import chunk_texts
 
-    if texts is None:
+    if args.embeddings:
         raise QCGError("qcg answer needs query texts (--query or --queries), not --embeddings")
     generation = _fill(GenerationConfig(), args)
     if generation.backend == "openai" and (not generation.base_url or not generation.model):
         raise QCGError("--backend openai needs --base-url and --model")
+    return make_backend(generation)
+
+
+def _answer(args, llm, index, records, texts):
+    from .answer import answer_questions, build_context
+    from .query import chunk_texts
+
     answer_config = _fill(AnswerConfig(), args)
     all_texts = chunk_texts(index)
     contexts = [build_context([all_texts[c["chunk_id"]] for c in r["chunks"]], answer_config.max_context_tokens) for r in records]
-    completions = answer_questions(make_backend(generation), texts, contexts, answer_config)
+    completions = answer_questions(llm, texts, contexts, answer_config)
     for record, completion in zip(records, completions):
         record["answer"] = completion.text.strip() if not completion.error else None
         if completion.error:

