@@ -137,10 +137,10 @@ class Retriever:
         return self._impl.search(q, config)
 
 
-def _tile_rows(n_nodes: int, max_rows: int = 256) -> int:
+def _tile_rows(n_nodes: int, max_rows: int = 256, budget: int = SIMILARITY_TILE_ELEMENTS) -> int:
     """Queries per similarity tile: at most max_rows (256 measured best for CPU BLAS at N = 100k)
-    and at most SIMILARITY_TILE_ELEMENTS similarities."""
-    return int(max(1, min(max_rows, SIMILARITY_TILE_ELEMENTS // max(n_nodes, 1))))
+    and at most ``budget`` similarities."""
+    return int(max(1, min(max_rows, budget // max(n_nodes, 1))))
 
 
 def _empty_result(b: int, config: RetrievalConfig) -> RetrievalResult:
@@ -200,7 +200,8 @@ class _TorchBackend:
         if n_nodes == 0:
             return out
         threshold = float(seed_threshold(config.gamma))
-        rows = _tile_rows(n_nodes, 4096 if self.device.type == "cuda" else 256)
+        on_gpu = self.device.type == "cuda"  # big GPUs take 1 GiB tiles of 4096 queries
+        rows = _tile_rows(n_nodes, 4096 if on_gpu else 256, SIMILARITY_TILE_ELEMENTS * (4 if on_gpu else 1))
         with torch.inference_mode():
             for start in range(0, len(q), rows):
                 tile = torch.from_numpy(q[start : start + rows]).to(self.device)

@@ -137,7 +137,7 @@ def test_llm_faults_are_counted_and_failed_chunks_retried(tmp_path, few_docs, vl
     summary = build_index(few_docs, tmp_path / "idx", config, llm=Recording(vllm_backend, fault), embedder=embedder, progress=False)
     assert [cid for cid, _ in summary.failed_chunks] == [1]
     assert "engine died" in summary.format()
-    assert summary.dropped["malformed_json"] == 1
+    assert summary.dropped["malformed_json"] >= 1  # ours; a real reply cut at max_tokens may add more
     pairs = load_table(tmp_path / "idx", "pairs").to_pylist()
     assert [(p["question"], p["answer"]) for p in pairs if p["chunk_id"] == 2] == [("Who moved?", "Li Hua")]
     assert not [p for p in pairs if p["chunk_id"] == 1]
