@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from .capabilities import WITH_FAISS, default_device, faiss_gpus, require
 from .errors import QCGError
@@ -39,7 +40,7 @@ class KnnGraph:
         return 0 if len(self.indptr) < 2 else int(self.indptr[1] - self.indptr[0])
 
 
-def knn_graph(embeddings: np.ndarray, k: int, backend: str = "auto", device: str | None = None) -> KnnGraph:
+def knn_graph(embeddings: np.ndarray, k: int, backend: str = "auto", device: str | None = None, progress: bool = False) -> KnnGraph:
     """Exact kNN graph of unit-length ``embeddings`` (N, d); each row gets min(k, N - 1) edges."""
     emb = np.ascontiguousarray(embeddings, dtype=np.float32)
     n = len(emb)
@@ -52,10 +53,10 @@ def knn_graph(embeddings: np.ndarray, k: int, backend: str = "auto", device: str
     if backend == "faiss":
         candidates = faiss_candidates(emb, width)
     elif backend == "torch":
-        candidates = torch_candidates(emb, width, device or default_device())
+        candidates = torch_candidates(emb, width, device or default_device(), progress)
     else:
         raise QCGError(f"unknown kNN backend {backend!r} (choose faiss, torch or auto)")
-    indices, scores = rank_candidates(emb, candidates, k_eff)
+    indices, scores = rank_candidates(emb, candidates, k_eff, progress)
     indptr = np.arange(n + 1, dtype=np.int64) * k_eff
     return KnnGraph(indptr, indices.reshape(-1), scores.reshape(-1))
 
@@ -70,13 +71,13 @@ def faiss_candidates(emb: np.ndarray, width: int) -> np.ndarray:
     return ids.astype(np.int64)
 
 
-def torch_candidates(emb: np.ndarray, width: int, device: str) -> np.ndarray:
+def torch_candidates(emb: np.ndarray, width: int, device: str, progress: bool = False) -> np.ndarray:
     torch = require("torch")
     x = torch.from_numpy(emb).to(device)
     rows = max(1, min(4096, SIMILARITY_TILE_ELEMENTS // len(emb)))
     out = []
     with torch.inference_mode():
-        for start in range(0, len(emb), rows):
+        for start in tqdm(range(0, len(emb), rows), desc="kNN search", unit="tile", disable=not progress or len(emb) <= rows):
             sims = x[start : start + rows] @ x.T
             out.append(sims.topk(width, dim=1).indices.cpu())
     return torch.cat(out).numpy().astype(np.int64)
@@ -94,11 +95,11 @@ def _best_first(ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
     return np.take_along_axis(by_id, by_score, axis=1)
 
 
-def rank_candidates(emb: np.ndarray, candidates: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def rank_candidates(emb: np.ndarray, candidates: np.ndarray, k: int, progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
     n, width = candidates.shape
     out_ids = np.empty((n, k), dtype=np.int64)
     out_scores = np.empty((n, k), dtype=np.float32)
-    for start in range(0, n, RERANK_TILE_ROWS):
+    for start in tqdm(range(0, n, RERANK_TILE_ROWS), desc="rank kNN edges", unit="tile", disable=not progress or n <= RERANK_TILE_ROWS):
         cand = candidates[start : start + RERANK_TILE_ROWS]
         rows = np.arange(start, start + len(cand))
         valid = (cand >= 0) & (cand != rows[:, None])  # faiss pads with -1; self is never a neighbour

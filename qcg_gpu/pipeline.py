@@ -131,7 +131,7 @@ def build_index(
         nodes, node_emb = _build_nodes(config.nodes.nodes, chunks, pairs, pair_emb, embedder, progress)
 
     with _stage(summary, "knn", progress):
-        graph = knn_graph(node_emb, config.graph.knn_k, config.graph.knn_backend, config.nodes.device)
+        graph = knn_graph(node_emb, config.graph.knn_k, config.graph.knn_backend, config.nodes.device, progress)
 
     summary.pairs_valid, summary.pairs_kept = len(pairs["chunk_id"]), int(pairs["kept"].sum())
     summary.nodes, summary.edges = len(nodes.text), len(graph.indices)
