@@ -23,8 +23,9 @@ LLM_OPTIONS = ("backend", "model", "base_url", "api_key_env", "concurrency", "ma
 RETRIEVAL_PREFIX = "retrieval_"
 
 
-def _add_dataclass_options(parser, section, title: str, only=None, prefix: str = "") -> None:
-    """One option per dataclass field; ``prefix`` keeps the dests of same-named fields apart."""
+def _add_dataclass_options(parser, section, title: str, only=None, prefix: str = "", unset_default: bool = False) -> None:
+    """One option per dataclass field; ``prefix`` keeps the dests of same-named fields apart;
+    ``unset_default`` leaves options that were not given at None (so a preset can fill them)."""
     group = parser.add_argument_group(title)
     hints = typing.get_type_hints(type(section))
     for f in dataclasses.fields(section):
@@ -33,11 +34,13 @@ def _add_dataclass_options(parser, section, title: str, only=None, prefix: str =
         flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
         kind = hints[f.name]
         if kind is bool:
-            group.add_argument(flag, dest=prefix + f.name, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
+            group.add_argument(flag, dest=prefix + f.name, action=argparse.BooleanOptionalAction,
+                               default=None if unset_default else f.default, help=f.metadata["help"])
             continue
         base = typing.get_args(kind)[0] if typing.get_origin(kind) is typing.Union else kind
         group.add_argument(
-            flag, dest=prefix + f.name, metavar=None if f.metadata.get("choices") else f.name.upper(), type=base, default=f.default, choices=f.metadata.get("choices"),
+            flag, dest=prefix + f.name, metavar=None if f.metadata.get("choices") else f.name.upper(), type=base,
+            default=None if unset_default else f.default, choices=f.metadata.get("choices"),
             help=f.metadata["help"] + (f" (default: {f.default})" if f.default is not None else ""),
         )
 
@@ -62,10 +65,7 @@ def _add_query_arguments(parser) -> None:
     parser.add_argument("--trace", action="store_true", help="add each query's seeds, expanded nodes and chunk scores")
     parser.add_argument("--out", help="write JSON lines here instead of stdout")
     parser.add_argument("--embed-device", default=None, help="torch device of the query embedder (default: cuda when present)")
-    _add_dataclass_options(parser, RetrievalConfig(), "retrieval options", prefix=RETRIEVAL_PREFIX)
-    for action in parser._actions:  # presets fill options left at their defaults
-        if action.dest.startswith(RETRIEVAL_PREFIX):
-            action.default = None
+    _add_dataclass_options(parser, RetrievalConfig(), "retrieval options", prefix=RETRIEVAL_PREFIX, unset_default=True)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,7 +9,6 @@ import numpy as np
 
 from .embedding import Embedder
 from .errors import QCGError
-from .index_format import load_table
 from .models import DEFAULT_EMBEDDER
 from .retrieval import QCGIndex, RetrievalConfig, RetrievalResult, trace_query
 
@@ -60,7 +59,7 @@ def load_query_embeddings(path: str | Path) -> np.ndarray:
 def describe(index: QCGIndex, ids: list[str], texts: list[str] | None, result: RetrievalResult,
              config: RetrievalConfig, queries: np.ndarray | None = None) -> list[dict]:
     """One JSON-ready record per query; a trace when ``queries`` (their embeddings) is given."""
-    doc_ids = load_table(index.path, "chunks").column("doc_id").to_pylist()
+    doc_ids = index.chunks.column("doc_id").to_pylist()
     records = []
     for b, query_id in enumerate(ids):
         chunks = [
@@ -75,4 +74,4 @@ def describe(index: QCGIndex, ids: list[str], texts: list[str] | None, result: R
 
 
 def chunk_texts(index: QCGIndex) -> list[str]:
-    return load_table(index.path, "chunks").column("text").to_pylist()
+    return index.chunks.column("text").to_pylist()

@@ -10,6 +10,7 @@ The B x N similarity matrix is never materialised beyond one tile of queries.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -93,6 +94,11 @@ class QCGIndex:
     @property
     def dim(self) -> int:
         return self.node_embeddings.shape[1]
+
+    @functools.cached_property
+    def chunks(self):
+        """chunks.parquet as a pyarrow Table, read on first use."""
+        return load_table(self.path, "chunks")
 
 
 @dataclass
