@@ -21,7 +21,7 @@ def chunk_embeddings(index: QCGIndex, method: str, embedder: Embedder) -> np.nda
     pairs = load_table(index.path, "pairs").to_pydict()
     if not pairs["chunk_id"]:
         raise QCGError(f"{method} needs generated pairs; this index has none (built with --nodes sentence?)")
-    texts = index.chunks.column("text").to_pylist()
+    texts = index.chunk_texts()
     questions: list[list[str]] = [[] for _ in texts]
     for chunk_id, question, kept in zip(pairs["chunk_id"], pairs["question"], pairs["kept"]):
         if method == "d2q" or kept:

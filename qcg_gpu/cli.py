@@ -148,10 +148,9 @@ def _answering_llm(args):
 
 def _answer(args, llm, index, records, texts):
     from .answer import answer_questions, build_context
-    from .query import chunk_texts
 
     answer_config = _fill(AnswerConfig(), args)
-    all_texts = chunk_texts(index)
+    all_texts = index.chunk_texts()
     contexts = [build_context([all_texts[c["chunk_id"]] for c in r["chunks"]], answer_config.max_context_tokens) for r in records]
     completions = answer_questions(llm, texts, contexts, answer_config)
     for record, completion in zip(records, completions):

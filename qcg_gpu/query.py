@@ -71,7 +71,3 @@ def describe(index: QCGIndex, ids: list[str], texts: list[str] | None, result: R
             record["trace"] = trace_query(index, queries[b], result.seed_ids[b], result.seed_sims[b], config.hops)
         records.append(record)
     return records
-
-
-def chunk_texts(index: QCGIndex) -> list[str]:
-    return index.chunks.column("text").to_pylist()

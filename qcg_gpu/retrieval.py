@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from .capabilities import default_device, require
+from .capabilities import default_device, require, with_cuda
 from .config import option
 from .errors import QCGError
 from .index_format import load_array, load_table, read_manifest
@@ -54,8 +54,6 @@ class RetrievalConfig:
     def resolved_backend(self) -> str:
         if self.backend != "auto":
             return self.backend
-        from .capabilities import with_cuda
-
         return "torch" if with_cuda() else "numpy"
 
 
@@ -99,6 +97,9 @@ class QCGIndex:
     def chunks(self):
         """chunks.parquet as a pyarrow Table, read on first use."""
         return load_table(self.path, "chunks")
+
+    def chunk_texts(self) -> list[str]:
+        return self.chunks.column("text").to_pylist()
 
 
 @dataclass
