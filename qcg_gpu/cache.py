@@ -9,6 +9,8 @@ import json
 import sqlite3
 from pathlib import Path
 
+from .errors import QCGError
+
 
 class GenerationCache:
     def __init__(self, path: str | Path):
@@ -51,6 +53,36 @@ class GenerationCache:
                 "INSERT OR REPLACE INTO replies (key, value) VALUES (?, ?)",
                 [(key, json.dumps(entry)) for key, entry in entries.items()],
             )
+
+    def export_parquet(self, keys: list[str], path: str | Path) -> int:
+        """Write the replies of ``keys`` to a Parquet file (key, reply JSON); returns the row count."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        entries = self.get_many(keys)
+        rows = [(key, json.dumps(entries[key], ensure_ascii=False)) for key in keys if key in entries]
+        table = pa.table({"key": [k for k, _ in rows], "value": [v for _, v in rows]})
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, path, compression="zstd", compression_level=19)
+        return len(rows)
+
+    def import_parquet(self, path: str | Path) -> int:
+        """Add the replies of a file written by :meth:`export_parquet`; unreadable rows are skipped."""
+        import pyarrow.parquet as pq
+
+        if not Path(path).is_file():
+            raise QCGError(f"stored replies file not found: {path}")
+        try:
+            table = pq.read_table(path, columns=["key", "value"])
+        except (OSError, ValueError, KeyError) as exc:
+            raise QCGError(f"cannot read stored replies {path}: {exc}") from exc
+        entries = {}
+        for key, value in zip(table.column("key").to_pylist(), table.column("value").to_pylist()):
+            entry = self._decode(value)
+            if isinstance(key, str) and entry is not None:
+                entries[key] = entry
+        self.put_many(entries)
+        return len(entries)
 
     def __len__(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM replies").fetchone()[0]

@@ -1,4 +1,4 @@
-"""Command line: ``qcg index``, ``qcg query`` and ``qcg answer``.
+"""Command line: ``qcg index``, ``qcg query``, ``qcg answer``, ``qcg eval`` and ``qcg corpus``.
 
 Options are generated from the config dataclasses, so each is documented once
 (qcg_gpu/config.py, retrieval.py, answer.py).
@@ -14,7 +14,9 @@ from contextlib import nullcontext
 
 from .answer import AnswerConfig
 from .config import GenerationConfig, IndexConfig
+from .datasets import DATASETS
 from .errors import QCGError
+from .evaluate import EvalConfig
 from .retrieval import PRESETS, RetrievalConfig
 
 # the part of GenerationConfig that picks and runs an LLM (qcg answer reuses it)
@@ -90,6 +92,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_query_arguments(answer)
     _add_dataclass_options(answer, AnswerConfig(), "answer options")
     _add_dataclass_options(answer, GenerationConfig(), "answering LLM options", only=LLM_OPTIONS)
+
+    evaluate = commands.add_parser("eval", help="score methods, ablations and sweeps on a benchmark",
+                                   description="Evaluate retrieval (and answers, with an LLM) on a benchmark's questions over an index of its corpus.")
+    evaluate.add_argument("--dataset", required=True, choices=DATASETS, help="question format of --data")
+    evaluate.add_argument("--data", required=True, help="lihuaworld: its directory (docs/ + questions JSON) or the questions file; "
+                          "multihop-rag: directory with corpus.json and MultiHopRAG.json; jsonl: the questions file")
+    evaluate.add_argument("--index", required=True, help="index of the dataset's corpus, made by qcg index")
+    evaluate.add_argument("--out", required=True, help="directory for results.jsonl, summary.md/.csv and sweep plots")
+    evaluate.add_argument("--preset", choices=sorted(PRESETS), help="the paper's retrieval settings (default: the dataset's own, when it has one)")
+    evaluate.add_argument("--judge-model", help="LLM-as-judge model on the same backend (default: the answering LLM)")
+    evaluate.add_argument("--embed-device", default=None, help="torch device of the question embedder (default: cuda when present)")
+    evaluate.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_dataclass_options(evaluate, EvalConfig(), "evaluation options")
+    _add_dataclass_options(evaluate, RetrievalConfig(), "retrieval options", prefix=RETRIEVAL_PREFIX, unset_default=True)
+    _add_dataclass_options(evaluate, AnswerConfig(), "answer options")
+    _add_dataclass_options(evaluate, GenerationConfig(), "answering LLM options", only=LLM_OPTIONS)
+
+    corpus = commands.add_parser("corpus", help="convert a benchmark's corpus into a file qcg index reads",
+                                 description="Write MultiHop-RAG's corpus.json as JSONL ({doc_id, text}) for qcg index.")
+    corpus.add_argument("--dataset", required=True, choices=["multihop-rag"], help="(LiHuaWorld's docs/ directory is indexed as it is)")
+    corpus.add_argument("--data", required=True, help="directory holding corpus.json, or the file")
+    corpus.add_argument("--out", required=True, help="JSONL file to write")
     return parser
 
 
@@ -138,7 +162,7 @@ def run_query(args) -> int:
 def _answering_llm(args):
     from .llm import make_backend
 
-    if args.embeddings:
+    if getattr(args, "embeddings", None):
         raise QCGError("qcg answer needs query texts (--query or --queries), not --embeddings")
     generation = _fill(GenerationConfig(), args)
     if generation.backend == "openai" and (not generation.base_url or not generation.model):
@@ -160,6 +184,57 @@ def _answer(args, llm, index, records, texts):
     return records
 
 
+def run_eval(args) -> int:
+    from .datasets import load_dataset
+    from .evaluate import Harness, write_report
+    from .query import index_embedder
+    from .retrieval import QCGIndex
+
+    config = _fill(EvalConfig(), args)
+    config.method_list(), config.sweep_list()  # refuse unknown names before loading anything
+    if args.preset is None and args.dataset in PRESETS:
+        args.preset = args.dataset
+    retrieval = _retrieval_config(args)
+    evalset = load_dataset(args.dataset, args.data)
+    if config.limit is not None:
+        if config.limit < 1:
+            raise QCGError(f"--limit must be >= 1, got {config.limit}")
+        evalset.questions = evalset.questions[: config.limit]
+    index = QCGIndex.load(args.index)
+    evalset.problems += _evidence_outside(index, evalset)
+    llm = judge_llm = None
+    if config.answers:
+        llm = _answering_llm(args)
+        if config.judge and args.judge_model:
+            from .llm import make_backend
+
+            judge_llm = make_backend(dataclasses.replace(_fill(GenerationConfig(), args), model=args.judge_model))
+    harness = Harness(index, evalset, index_embedder(index, args.embed_device), retrieval, _fill(AnswerConfig(), args),
+                      llm, judge_llm, progress=not args.quiet)
+    evaluation = harness.run(config)
+    header = {
+        "dataset": f"{args.dataset} ({args.data})", "index": args.index,
+        "index LLM": index.manifest["models"]["llm"], "embedder": index.manifest["models"]["embedder"],
+        "answering LLM": llm.model_name if llm else "none (retrieval metrics only)",
+        "judge LLM": (judge_llm or llm).model_name if llm and config.judge else "none",
+        "retrieval": dataclasses.asdict(retrieval) | {"knn_k": index.manifest["settings"]["graph"]["knn_k"]},
+    }
+    paths = write_report(evaluation, args.out, header, evalset.problems)
+    print(paths[1].read_text())
+    return 0
+
+
+def _evidence_outside(index, evalset) -> list[str]:
+    """Evidence documents the index does not hold: a few are data flaws; all of them means the wrong index."""
+    in_index = set(index.chunks.column("doc_id").to_pylist())
+    evidence = {doc for q in evalset.questions for doc in q.evidence}
+    missing = sorted(evidence - in_index)
+    if evidence and len(missing) == len(evidence):
+        raise QCGError(f"none of the {len(evidence)} evidence documents is in {index.path}: was it built from this dataset's corpus? "
+                       f"(evidence e.g. {missing[0]!r}, index e.g. {next(iter(in_index), None)!r})")
+    return [f"{len(missing)} evidence documents are not in the index, e.g. {missing[:3]}"] if missing else []
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -170,6 +245,13 @@ def main(argv: list[str] | None = None) -> int:
                                   overwrite=args.overwrite, progress=not args.quiet)
             print(summary.format())
             return 3 if summary.failed_chunks else 0
+        if args.command == "eval":
+            return run_eval(args)
+        if args.command == "corpus":
+            from .datasets import write_multihop_corpus
+
+            print(f"wrote {write_multihop_corpus(args.data, args.out)} articles to {args.out}")
+            return 0
         return run_query(args)
     except (QCGError, ImportError) as exc:  # ImportError: MissingDependency carries its install hint
         print(f"qcg: error: {exc}", file=sys.stderr)

@@ -69,6 +69,10 @@ class GenerationConfig:
     cache: Optional[str] = option(
         None, "Generation cache (SQLite file) keyed by chunk text, model, prompt, M and sampling (default: user cache dir)."
     )
+    replies_in: Optional[str] = option(
+        None, "Parquet file of stored LLM replies (from --replies-out) to add to the cache first: replays a shared generation."
+    )
+    replies_out: Optional[str] = option(None, "Write this index's LLM replies (keyed like the cache) to a Parquet file, to share or commit a generation.")
 
     def validate(self) -> None:
         if self.m < 1:

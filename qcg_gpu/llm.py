@@ -53,6 +53,11 @@ class LLMBackend(Protocol):
     def chat(self, conversations: list[Conversation], sampling: SamplingSpec, progress: bool = True) -> list[Completion]: ...
 
 
+def llm_name(config: GenerationConfig) -> str:
+    """The name a backend made from ``config`` reports (and generation cache keys use), without loading it."""
+    return config.model or DEFAULT_LLM
+
+
 def make_backend(config: GenerationConfig) -> LLMBackend:
     if config.backend == "vllm":
         return VLLMBackend(config)

@@ -25,7 +25,7 @@ from .embedding import Embedder
 from .errors import QCGError
 from .index_format import IndexWriter, check_writable
 from .knn import knn_graph
-from .llm import LLMBackend, make_backend
+from .llm import LLMBackend, llm_name, make_backend
 from .models import cache_dir
 from .nodes import Nodes, pair_nodes, pair_text, sentence_nodes
 
@@ -114,11 +114,8 @@ def build_index(
     pairs = _empty_pairs()
     model_name = None
     if config.nodes.nodes != "sentence":
-        with _stage(summary, "load_llm", progress):
-            llm = llm or make_backend(config.generation)
-            model_name = llm.model_name
-        with _stage(summary, "generate", progress):
-            pairs = _generate_pairs(chunks, llm, config, summary, progress)
+        model_name = llm.model_name if llm else llm_name(config.generation)
+        pairs = _generate_pairs(chunks, llm, model_name, config, summary, progress)
 
     with _stage(summary, "load_embedder", progress):
         embedder = embedder or Embedder(config.nodes.embedder, config.nodes.device, config.nodes.embed_batch_size)
@@ -128,7 +125,7 @@ def build_index(
         # Doc2Query--: similarity of each pair to its own chunk, then the top ceil(alpha * m_i) per chunk.
         pairs["score"] = np.einsum("ij,ij->i", pair_emb, chunk_emb[pairs["chunk_id"]]).astype(np.float32)
         pairs["kept"] = keep_mask(pairs["chunk_id"], pairs["gen_index"], pairs["score"], config.nodes.alpha)
-        nodes, node_emb = _build_nodes(config.nodes.nodes, chunks, pairs, pair_emb, embedder, progress)
+        nodes, node_emb = build_nodes(config.nodes.nodes, [c.text for c in chunks], pairs, pair_emb, embedder, progress)
 
     with _stage(summary, "knn", progress):
         graph = knn_graph(node_emb, config.graph.knn_k, config.graph.knn_backend, config.nodes.device, progress)
@@ -175,17 +172,34 @@ def _empty_pairs() -> dict:
     }
 
 
-def _generate_pairs(chunks: list[Chunk], llm: LLMBackend, config: IndexConfig, summary: IndexSummary, progress: bool) -> dict:
-    """Pairs of every chunk: cached replies reused, the rest generated in large batches and cached per batch."""
+def _generate_pairs(chunks: list[Chunk], llm: LLMBackend | None, model_name: str, config: IndexConfig,
+                    summary: IndexSummary, progress: bool) -> dict:
+    """Pairs of every chunk: stored and cached replies reused, the rest generated in large batches
+    and cached per batch. The LLM is loaded only when some chunk has no reply yet."""
     gen = config.generation
     cache = GenerationCache(gen.cache or cache_dir() / "doc2query-cache.sqlite")
-    keys = [doc2query.cache_key(c.text, llm.model_name, gen) for c in chunks]
+    if gen.replies_in:
+        cache.import_parquet(gen.replies_in)
+    keys = [doc2query.cache_key(c.text, model_name, gen) for c in chunks]
     replies = cache.get_many(list(set(keys)))
     summary.cache_corrupt = cache.corrupt
     summary.cached_chunks = sum(key in replies for key in keys)
     missing = list(dict.fromkeys(i for i, key in enumerate(keys) if key not in replies))
-    sampling = doc2query.sampling_spec(gen)
     failed: dict[str, str] = {}
+    if missing:
+        with _stage(summary, "load_llm", progress):
+            llm = llm or make_backend(gen)
+        with _stage(summary, "generate", progress):
+            _generate_missing(chunks, keys, missing, llm, gen, cache, replies, failed, summary, progress)
+    if gen.replies_out:
+        cache.export_parquet(list(dict.fromkeys(k for k in keys if k in replies)), gen.replies_out)
+    cache.close()
+    return _parse_replies(keys, replies, failed, gen, summary)
+
+
+def _generate_missing(chunks, keys, missing, llm: LLMBackend, gen, cache: GenerationCache, replies: dict, failed: dict,
+                      summary: IndexSummary, progress: bool) -> None:
+    sampling = doc2query.sampling_spec(gen)
     for start in range(0, len(missing), gen.batch_chunks):
         batch = missing[start : start + gen.batch_chunks]
         completions = llm.chat([doc2query.build_conversation(chunks[i].text, gen.m) for i in batch], sampling, progress)
@@ -204,8 +218,9 @@ def _generate_pairs(chunks: list[Chunk], llm: LLMBackend, config: IndexConfig, s
             summary.generated_output_tokens += completion.output_tokens
         cache.put_many(fresh)
         replies.update(fresh)
-    cache.close()
 
+
+def _parse_replies(keys: list[str], replies: dict, failed: dict, gen, summary: IndexSummary) -> dict:
     pairs = {"chunk_id": [], "gen_index": [], "question": [], "answer": []}
     for chunk_id, key in enumerate(keys):
         if key in failed:
@@ -229,9 +244,10 @@ def _generate_pairs(chunks: list[Chunk], llm: LLMBackend, config: IndexConfig, s
     return pairs
 
 
-def _build_nodes(mode: str, chunks: list[Chunk], pairs: dict, pair_emb: np.ndarray, embedder: Embedder, progress: bool):
+def build_nodes(mode: str, chunk_texts: list[str], pairs: dict, pair_emb: np.ndarray, embedder: Embedder, progress: bool = False):
+    """The graph's nodes and their embeddings: kept pairs (``pairs["kept"]``) or the chunks' sentences."""
     if mode == "sentence":
-        nodes = sentence_nodes([c.text for c in chunks])
+        nodes = sentence_nodes(chunk_texts)
         return nodes, embedder.encode(nodes.text, progress, "sentences")
     kept_rows = np.flatnonzero(pairs["kept"])
     nodes = pair_nodes(mode, kept_rows, pairs["chunk_id"], pairs["question"], pairs["answer"])

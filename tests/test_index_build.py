@@ -106,6 +106,24 @@ def test_rerun_hits_the_cache_and_rebuilds_identically(built, tmp_path, few_docs
     assert again.output_tokens == first.output_tokens  # token counts are remembered with the replies
 
 
+def test_stored_replies_replay_a_generation_without_loading_an_llm(built, tmp_path, few_docs, vllm_backend, embedder, monkeypatch):
+    index, _, _ = built
+    config = _config(tmp_path)
+    config.generation.replies_out = str(tmp_path / "replies.parquet")
+    build_index(few_docs, tmp_path / "idx2", config, llm=Recording(vllm_backend), embedder=embedder, progress=False)
+
+    def no_llm(_config):
+        raise AssertionError("the LLM was loaded although every reply was stored")
+
+    monkeypatch.setattr("qcg_gpu.pipeline.make_backend", no_llm)
+    replay = _config(tmp_path / "elsewhere")  # an empty cache: every reply comes from the file
+    replay.generation.replies_in = str(tmp_path / "replies.parquet")
+    summary = build_index(few_docs, tmp_path / "replayed", replay, llm=None, embedder=embedder, progress=False)
+    assert summary.cached_chunks == 4 and "load_llm" not in summary.seconds
+    assert load_table(tmp_path / "replayed", "pairs").equals(load_table(index, "pairs"))
+    np.testing.assert_array_equal(load_array(tmp_path / "replayed", "knn_indices"), load_array(index, "knn_indices"))
+
+
 def test_question_nodes_reuse_generation(built, tmp_path, few_docs, vllm_backend, embedder):
     index, _, _ = built
     llm = Recording(vllm_backend)

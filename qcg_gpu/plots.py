@@ -1,0 +1,35 @@
+"""Sweep plots like the paper's Figures 3-6: one panel per metric, the swept parameter on x."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .capabilities import require
+
+PANELS = ("judge", "recall", "mrr")  # the first of these a sweep has goes in the left panel
+LABELS = {"judge": "judge accuracy (%)", "recall": "evidence recall@K (%)", "mrr": "MRR (x100)", "hit": "all evidence@K (%)"}
+
+
+def plot_sweep(name: str, rows: list[dict], path: str | Path) -> None:
+    """``rows`` as Harness.sweep returns them; ``seeds`` draws one line per gamma over n."""
+    matplotlib = require("matplotlib")
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    x = "n" if name == "seeds" else next(k for k in rows[0] if k in ("hops", "knn_k", "alpha"))
+    series = "gamma" if name == "seeds" else None
+    metrics = [m for m in PANELS if any(m in row for row in rows)]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.2), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        for value in dict.fromkeys(row.get(series) for row in rows):
+            line = [row for row in rows if row.get(series) == value]
+            ax.plot([row[x] for row in line], [100 * row[metric] for row in line], marker="o",
+                    label=f"{series} = {value}" if series else None)
+        ax.set_xlabel({"knn_k": "k (kNN neighbours)", "n": "n (most seed nodes)", "hops": "h (hops)"}.get(x, x))
+        ax.set_ylabel(LABELS[metric])
+        ax.grid(alpha=0.3)
+        if series:
+            ax.legend()
+    fig.suptitle(f"QCG-RAG sweep: {name}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

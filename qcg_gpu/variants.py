@@ -1,0 +1,65 @@
+"""Index variants for sweeps and ablations, derived in memory from a built index without any
+LLM call: the stored pairs are re-filtered at another ``alpha`` (their Doc2Query-- scores and
+embeddings are in the index), re-linked with another kNN degree ``k``, or turned into other
+node texts (question only, answer only, or the chunks' sentences, which are embedded anew).
+
+With the index's own settings the variant equals the stored index exactly.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Optional
+
+import numpy as np
+
+from .doc2query_minus import keep_mask
+from .embedding import Embedder
+from .errors import QCGError
+from .index_format import load_array, load_table
+from .knn import knn_graph
+from .pipeline import build_nodes
+from .retrieval import QCGIndex
+
+
+def derive_index(index: QCGIndex, *, alpha: Optional[float] = None, knn_k: Optional[int] = None,
+                 nodes: Optional[str] = None, embedder: Optional[Embedder] = None, progress: bool = False) -> QCGIndex:
+    """``index`` rebuilt from its stored pairs with other settings (None keeps the index's own)."""
+    settings = copy.deepcopy(index.manifest["settings"])
+    alpha = settings["nodes"]["alpha"] if alpha is None else alpha
+    knn_k = settings["graph"]["knn_k"] if knn_k is None else knn_k
+    nodes = settings["nodes"]["nodes"] if nodes is None else nodes
+    if not 0 < alpha <= 1 or knn_k < 1:
+        raise QCGError(f"alpha must be in (0, 1] and k >= 1, got alpha={alpha}, k={knn_k}")
+    own = settings["nodes"]
+    if nodes == own["nodes"] and (nodes == "sentence" or alpha == own["alpha"]):
+        node_emb, node_chunk = index.node_embeddings, index.node_chunk  # same nodes: only the graph changes
+    else:
+        node_emb, node_chunk = _rebuild_nodes(index, alpha, nodes, embedder, progress)
+    graph = knn_graph(node_emb, knn_k, settings["graph"]["knn_backend"], settings["nodes"]["device"], progress)
+
+    settings["nodes"].update(alpha=alpha, nodes=nodes)
+    settings["graph"]["knn_k"] = knn_k
+    manifest = {**index.manifest, "settings": settings, "derived_from": str(index.path)}
+    variant = QCGIndex(index.path, manifest, np.ascontiguousarray(node_emb, dtype=np.float32), graph.indptr, graph.indices,
+                       node_chunk, index.n_chunks)
+    variant.__dict__["chunks"] = index.chunks  # share the cached chunks table
+    return variant
+
+
+def _rebuild_nodes(index: QCGIndex, alpha: float, nodes: str, embedder: Optional[Embedder], progress: bool):
+    """Nodes and embeddings from the stored pairs re-filtered at ``alpha`` (or the chunks' sentences)."""
+    if nodes != "qa" and embedder is None:
+        raise QCGError(f"node text {nodes!r} needs an embedder to embed the new nodes")
+    table = load_table(index.path, "pairs")
+    pairs = {
+        "chunk_id": table.column("chunk_id").to_numpy().astype(np.int64),
+        "gen_index": table.column("gen_index").to_numpy().astype(np.int64),
+        "question": table.column("question").to_pylist(),
+        "answer": table.column("answer").to_pylist(),
+    }
+    if nodes != "sentence" and not len(pairs["chunk_id"]):
+        raise QCGError(f"{index.path} holds no generated pairs (built with --nodes sentence?); only the sentence variant applies")
+    pairs["kept"] = keep_mask(pairs["chunk_id"], pairs["gen_index"], table.column("score").to_numpy(), alpha)
+    pair_emb = np.asarray(load_array(index.path, "pair_embeddings"), dtype=np.float32)
+    node_set, node_emb = build_nodes(nodes, index.chunk_texts(), pairs, pair_emb, embedder, progress)
+    return node_emb, np.asarray(node_set.chunk_id, dtype=np.int64)

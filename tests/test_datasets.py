@@ -1,0 +1,142 @@
+"""Dataset loaders: the real LiHuaWorld dev split with its published flaws, and MultiHop-RAG / JSONL
+fixtures written in their exact formats; evidence must name the doc ids the index builder gives."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qcg_gpu.datasets import load_dataset, write_multihop_corpus
+from qcg_gpu.documents import SkipLog, read_documents
+from qcg_gpu.errors import QCGError
+
+from .conftest import REPO
+
+LIHUAWORLD = REPO.parent / "shared" / "data" / "lihuaworld"
+
+
+def _doc_ids(path: Path) -> set[str]:
+    return {doc.doc_id for doc in read_documents(path, SkipLog())}
+
+
+@pytest.mark.skipif(not LIHUAWORLD.exists(), reason="the shared LiHuaWorld data is not next to this checkout")
+def test_lihuaworld_dev_split_with_its_flaws():
+    evalset = load_dataset("lihuaworld", LIHUAWORLD)
+    questions = {q.qid: q for q in evalset.questions}
+    assert len(questions) == 213
+    assert [sum(q.type == t for q in evalset.questions) for t in ("single", "multi", "null")] == [169, 22, 22]
+    docs = _doc_ids(LIHUAWORLD / "docs")
+    assert all(doc in docs for q in evalset.questions for doc in q.evidence)  # every key resolved to a real document
+    assert all(q.evidence for q in evalset.questions if q.type != "null")
+    assert all(not q.evidence and q.answer == "Insufficient information" for q in evalset.questions if q.type == "null")
+    # the record with its evidence key in the answer, after a tab
+    assert questions["297"].answer == "To find deeper meaning and fulfillment in Westworld"
+    assert questions["297"].evidence == ["week37/20260916_1600"]
+    # the key with a stray "Time: " prefix
+    assert questions["390"].evidence == ["week39/20260930_1600"]
+    assert questions["0"].evidence == ["week3/20260121_1000", "week26/20260701_1000"]
+    assert any("297" in p and "tab" in p for p in evalset.problems)
+    assert any("390" in p and "Time:" in p for p in evalset.problems)
+
+
+def _lihuaworld_fixture(tmp_path, records) -> Path:
+    (tmp_path / "docs" / "week1").mkdir(parents=True)
+    for stem in ("20260105_1100", "20260106_0900"):
+        (tmp_path / "docs" / "week1" / f"{stem}.txt").write_text(f"Time: {stem}\nLi Hua: hello\n")
+    (tmp_path / "query_set.json").write_text(json.dumps(records))
+    return tmp_path
+
+
+def test_lihuaworld_unresolvable_keys_and_bad_records_are_reported(tmp_path):
+    root = _lihuaworld_fixture(tmp_path, {
+        "1": {"question": "Q1?", "answer": "A", "evidence": "20260105_11:00<and>20990101_00:00", "type": "Multi"},
+        "2": {"question": "Q2?", "answer": "B", "evidence": "20990101_00:00", "type": "Single"},
+        "3": {"question": "Q3?", "answer": 7, "evidence": "N/A", "type": "Null"},
+        "4": {"question": "Q4?", "answer": "Insufficient information", "evidence": "N/A", "type": "Null"},
+    })
+    evalset = load_dataset("lihuaworld", root)
+    by_id = {q.qid: q for q in evalset.questions}
+    assert sorted(by_id) == ["1", "2", "4"]
+    assert by_id["1"].evidence == ["week1/20260105_1100"] and by_id["2"].evidence == []
+    assert by_id["4"].type == "null" and by_id["4"].evidence == []
+    text = "\n".join(evalset.problems)
+    assert "20990101_00:00" in text and "question 3" in text and "question 2: no usable evidence" in text
+
+
+def test_lihuaworld_layout_errors(tmp_path):
+    with pytest.raises(QCGError, match="not found"):
+        load_dataset("lihuaworld", tmp_path / "missing")
+    (tmp_path / "queries_a.json").write_text("{}")
+    (tmp_path / "queries_b.json").write_text("{}")
+    with pytest.raises(QCGError, match="expected one questions file"):
+        load_dataset("lihuaworld", tmp_path)
+    with pytest.raises(QCGError, match="no docs/"):
+        load_dataset("lihuaworld", tmp_path / "queries_a.json")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "queries_a.json").write_text("{not json")
+    with pytest.raises(QCGError, match="not valid JSON"):
+        load_dataset("lihuaworld", tmp_path / "queries_a.json")
+    with pytest.raises(QCGError, match="unknown dataset"):
+        load_dataset("hotpotqa", tmp_path)
+
+
+def _multihop_fixture(tmp_path) -> Path:
+    """Three articles and three questions in MultiHop-RAG's published layout and field names."""
+    corpus = [
+        {"title": "Chipmaker beats forecasts", "author": "A. Writer", "source": "TechWire", "published_at": "2023-10-02T10:00:00+00:00",
+         "category": "technology", "url": "https://example.com/chips", "body": "The chipmaker reported record revenue of $10 billion."},
+        {"title": "League final goes to extra time", "author": "B. Writer", "source": "SportsDaily", "published_at": "2023-11-12T18:00:00+00:00",
+         "category": "sports", "url": "https://example.com/final", "body": "The final was decided in extra time by a late goal."},
+        {"title": "Rates held steady", "author": "C. Writer", "source": "MoneyNews", "published_at": "2023-12-01T08:00:00+00:00",
+         "category": "business", "url": "https://example.com/rates", "body": "The central bank kept interest rates unchanged."},
+    ]
+    questions = [
+        {"query": "Did the chipmaker report record revenue before the central bank held rates?", "answer": "Yes",
+         "question_type": "temporal_query",
+         "evidence_list": [
+             {"title": "Chipmaker beats forecasts", "author": "A. Writer", "url": "https://example.com/chips", "source": "TechWire",
+              "category": "technology", "published_at": "2023-10-02T10:00:00+00:00", "fact": "record revenue of $10 billion"},
+             {"title": "Rates held steady", "author": "C. Writer", "url": "https://example.com/rates", "source": "MoneyNews",
+              "category": "business", "published_at": "2023-12-01T08:00:00+00:00", "fact": "kept interest rates unchanged"},
+         ]},
+        {"query": "Which source reported the league final?", "answer": "SportsDaily", "question_type": "inference_query",
+         "evidence_list": [{"title": "League final goes to extra time", "fact": "decided in extra time"},
+                           {"title": "An article that is not in the corpus", "fact": "?"}]},
+        {"query": "What did the mayor announce?", "answer": "Insufficient information.", "question_type": "null_query", "evidence_list": []},
+    ]
+    (tmp_path / "corpus.json").write_text(json.dumps(corpus))
+    (tmp_path / "MultiHopRAG.json").write_text(json.dumps(questions))
+    return tmp_path
+
+
+def test_multihop_rag_fixture(tmp_path):
+    root = _multihop_fixture(tmp_path)
+    evalset = load_dataset("multihop-rag", root)
+    assert [q.type for q in evalset.questions] == ["temporal", "inference", "null"]
+    first, second, null = evalset.questions
+    assert first.evidence == ["https://example.com/chips", "https://example.com/rates"]
+    assert second.evidence == ["https://example.com/final"]  # matched by title; the unknown article reported
+    assert null.evidence == [] and null.answer == "Insufficient information."
+    assert len(evalset.problems) == 1 and "not in the corpus" in evalset.problems[0]
+    # the corpus as qcg index reads it: evidence names its doc ids
+    out = tmp_path / "corpus.jsonl"
+    assert write_multihop_corpus(root, out) == 3
+    docs = {doc.doc_id: "".join(doc.pieces()) for doc in read_documents(out, SkipLog())}
+    assert set(first.evidence + second.evidence) <= set(docs)
+    assert docs["https://example.com/chips"].startswith("Chipmaker beats forecasts\nTechWire 2023-10-02")
+
+
+def test_jsonl_questions(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"question": "Who?", "answer": "Ann", "evidence_doc_ids": ["d1"], "type": "Single", "query_id": "x"}\n\n'
+                    '{"question": "Why?", "answer": "Insufficient information"}\n')
+    first, second = load_dataset("jsonl", path).questions
+    assert (first.qid, first.evidence, first.type) == ("x", ["d1"], "single")
+    assert (second.qid, second.evidence, second.type) == ("3", [], "null")
+    path.write_text('{"question": ""}\n')
+    with pytest.raises(QCGError, match=":1: needs a non-empty 'question'"):
+        load_dataset("jsonl", path)
+    path.write_text('{"question": "Q", "evidence_doc_ids": "d1"}\n')
+    with pytest.raises(QCGError, match="must be a list"):
+        load_dataset("jsonl", path)

@@ -1,0 +1,145 @@
+"""qcg eval end to end on a real index (vLLM-made pairs, MiniLM, faiss): methods, ablations, sweeps,
+answers and the LLM judge from the real SmolLM2, the report files, and index variants."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from qcg_gpu.answer import AnswerConfig
+from qcg_gpu.datasets import load_dataset
+from qcg_gpu.evaluate import EvalConfig, Harness, summarize, write_report
+from qcg_gpu.index_format import load_array, load_table
+from qcg_gpu.llm import Completion
+from qcg_gpu.metrics import evidence_recall
+from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever
+from qcg_gpu.variants import _rebuild_nodes, derive_index
+
+from .test_cli_openai import qcg
+
+pytestmark = pytest.mark.llm
+
+QUESTIONS = [  # from the LiHuaWorld dev split, about the small index's six chat logs, plus one it cannot answer
+    {"query_id": "62", "question": "What time does Li Hua check in with Adam about moving in?", "answer": "5:30 PM",
+     "evidence_doc_ids": ["20260105_1400"], "type": "Single"},
+    {"query_id": "68", "question": "What house rule does Adam mention?", "answer": "keep noise to a minimum during late hours",
+     "evidence_doc_ids": ["20260106_0900"], "type": "Single"},
+    {"query_id": "n1", "question": "What is the name of Li Hua's cat's veterinarian?", "answer": "Insufficient information",
+     "evidence_doc_ids": [], "type": "Null"},
+]
+
+
+@pytest.fixture
+def questions_file(tmp_path):
+    path = tmp_path / "questions.jsonl"
+    path.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    return path
+
+
+def test_variant_with_own_settings_equals_the_index(small_index, embedder):
+    index = QCGIndex.load(small_index)
+    same = derive_index(index)
+    assert np.array_equal(same.knn_indptr, index.knn_indptr) and np.array_equal(same.knn_indices, index.knn_indices)
+    node_emb, node_chunk = _rebuild_nodes(index, index.manifest["settings"]["nodes"]["alpha"], "qa", None, False)
+    assert np.array_equal(node_emb, index.node_embeddings) and np.array_equal(node_chunk, index.node_chunk)
+
+    pairs = load_table(small_index, "pairs").to_pydict()
+    everything = derive_index(index, alpha=1.0, knn_k=3)
+    assert len(everything.node_chunk) == len(pairs["chunk_id"])  # alpha = 1 keeps every valid pair
+    assert np.all(np.diff(everything.knn_indptr) == 3)
+    assert np.array_equal(everything.node_embeddings, load_array(small_index, "pair_embeddings"))
+
+    questions = derive_index(index, nodes="q", embedder=embedder)
+    kept = [q for q, k in zip(pairs["question"], pairs["kept"]) if k]
+    assert np.allclose(questions.node_embeddings, embedder.encode(kept), atol=1e-6)
+    assert questions.manifest["settings"]["nodes"]["nodes"] == "q"
+
+
+class FaultyJudge:
+    """The real backend, except that the judge's first reply has no verdict and its second request fails."""
+
+    def __init__(self, backend):
+        self.backend, self.model_name = backend, backend.model_name
+
+    def chat(self, conversations, sampling, progress=True):
+        completions = self.backend.chat(conversations, sampling, progress)
+        if len(completions) >= 2:
+            completions[0] = Completion(text="I cannot grade this.")
+            completions[1] = Completion(error="timed out")
+        return completions
+
+
+def test_eval_answers_judges_and_reports(small_index, questions_file, vllm_backend, embedder, tmp_path):
+    index = QCGIndex.load(small_index)
+    doc_ids = set(index.chunks.column("doc_id").to_pylist())
+    assert {"20260105_1400", "20260106_0900"} <= doc_ids
+    evalset = load_dataset("jsonl", questions_file)
+    harness = Harness(index, evalset, embedder, RetrievalConfig(gamma=1.0), AnswerConfig(max_answer_tokens=48),
+                      llm=vllm_backend, judge_llm=FaultyJudge(vllm_backend), progress=False)
+    evaluation = harness.run(EvalConfig(methods="naive,d2q,d2q-minus,qcg,qcg-q", sweeps="hops,knn"))
+
+    records = evaluation.records
+    assert [r["method"] for r in records] == [m for m in ("naive", "d2q", "d2q-minus", "qcg", "qcg-q") for _ in QUESTIONS]
+    for r in records:
+        assert 0 < len(r["chunk_ids"]) <= 5
+        assert r["docs"] == [index.chunks.column("doc_id")[c].as_py() for c in r["chunk_ids"]]
+        assert isinstance(r["answer"], str) and r["answer"] or r.get("error")
+        assert r["judge"] in (0.0, 1.0) and r["em"] in (0.0, 1.0) and 0.0 <= r["f1"] <= 1.0
+        if r["type"] == "null":
+            assert r["judge"] == r["em"] == float(r["abstained"]) and np.isnan(r["recall"])
+        else:
+            assert r["recall"] == evidence_recall(r["docs"], r["evidence"])
+            assert ("judge_reply" in r) == (not r["abstained"])
+            if r["abstained"]:
+                assert r["judge"] == 0.0
+    # naive RAG: every chunk of the small index is scored, so top-5 equals a brute-force ranking
+    naive = [r for r in records if r["method"] == "naive"]
+    chunk_emb = load_array(small_index, "chunk_embeddings")
+    sims = harness.vectors @ chunk_emb.T
+    assert [r["chunk_ids"] for r in naive] == [list(np.argsort(-s, kind="stable")[:5]) for s in sims]
+    # qcg: the same chunks as the retriever on its own
+    qcg_ids = Retriever(index, RetrievalConfig(gamma=1.0)).search(harness.vectors).chunk_ids
+    assert [r["chunk_ids"] for r in records if r["method"] == "qcg"] == [[c for c in row if c >= 0] for row in qcg_ids.tolist()]
+    judged = [r for r in records if "judge_reply" in r]
+    assert judged[0].get("judge_unparsed") and judged[0]["judge"] == 0.0
+    assert judged[1]["judge_reply"] is None and judged[1]["judge_error"] == "timed out" and judged[1]["judge"] == 0.0
+
+    assert [row["hops"] for row in evaluation.sweeps["hops"]] == [0, 1, 2]
+    assert [row["knn_k"] for row in evaluation.sweeps["knn"]] == [1, 2, 3, 4, 5]
+    hop1 = next(row for row in evaluation.sweeps["hops"] if row["hops"] == 1)
+    qcg_row = next(row for row in summarize(records, evaluation.types) if row["method"] == "qcg")
+    assert hop1["recall"] == qcg_row["recall"] and hop1["mrr"] == qcg_row["mrr"]  # the sweep's default point is the main run
+
+    paths = write_report(evaluation, tmp_path / "report", {"dataset": "fixture"}, ["a problem"])
+    assert all(p.exists() and p.stat().st_size > 0 for p in paths)
+    lines = [json.loads(line) for line in (tmp_path / "report" / "results.jsonl").read_text().splitlines()]
+    assert len(lines) == len(records) and lines[-1]["recall"] is None  # NaN written as null: valid JSON
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert "LLM-as-judge accuracy" in summary and "| qcg-q |" in summary and "a problem" in summary
+    unparsed = sum(1 for r in records if r.get("judge_unparsed"))  # the fault's one, plus any of the small model's own
+    assert f"judge replies without a verdict: {unparsed}, failed judge requests: 1, failed answer requests: 0" in summary
+    assert (tmp_path / "report" / "sweep_knn.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_eval_cli_retrieval_only(small_index, questions_file, tmp_path):
+    out = tmp_path / "report"
+    result = qcg("eval", "--dataset", "jsonl", "--data", questions_file, "--index", small_index, "--out", out,
+                 "--no-answers", "--methods", "naive,qcg", "--sweeps", "seeds", "--gamma", "1.0", "--quiet")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Evidence recall@K" in result.stdout and "LLM-as-judge" not in result.stdout
+    rows = (out / "sweep_seeds.csv").read_text().splitlines()
+    assert rows[0].startswith("gamma,n,") and len(rows) == 1 + 8
+    assert (out / "sweep_seeds.png").exists()
+
+
+def test_eval_cli_bad_input(small_index, questions_file, tmp_path):
+    wrong = tmp_path / "wrong.jsonl"
+    wrong.write_text(json.dumps({"question": "Who?", "answer": "x", "evidence_doc_ids": ["not-a-doc"]}) + "\n")
+    result = qcg("eval", "--dataset", "jsonl", "--data", wrong, "--index", small_index, "--out", tmp_path / "o", "--no-answers")
+    assert result.returncode == 2 and "none of the 1 evidence documents is in" in result.stderr
+    result = qcg("eval", "--dataset", "jsonl", "--data", questions_file, "--index", small_index, "--out", tmp_path / "o",
+                 "--methods", "qcg,graphrag")
+    assert result.returncode == 2 and "unknown method ['graphrag']" in result.stderr
+    result = qcg("eval", "--dataset", "jsonl", "--data", questions_file, "--index", tmp_path, "--out", tmp_path / "o")
+    assert result.returncode == 2 and "is not a qcg index" in result.stderr
