@@ -7,7 +7,6 @@ import numpy as np
 
 from .embedding import Embedder
 from .errors import QCGError
-from .index_format import load_array, load_table
 from .retrieval import QCGIndex, RetrievalConfig, RetrievalResult, _empty_result, _tile_rows
 
 METHODS = ("qcg", "naive", "d2q", "d2q-minus")
@@ -15,10 +14,10 @@ METHODS = ("qcg", "naive", "d2q", "d2q-minus")
 
 def chunk_embeddings(index: QCGIndex, method: str, embedder: Embedder) -> np.ndarray:
     if method == "naive":
-        return np.asarray(load_array(index.path, "chunk_embeddings"), dtype=np.float32)
+        return np.asarray(index.array("chunk_embeddings"), dtype=np.float32)
     if method not in ("d2q", "d2q-minus"):
         raise QCGError(f"unknown baseline {method!r} (choose from {', '.join(METHODS)})")
-    pairs = load_table(index.path, "pairs").to_pydict()
+    pairs = index.table("pairs").to_pydict()
     if not pairs["chunk_id"]:
         raise QCGError(f"{method} needs generated pairs; this index has none (built with --nodes sentence?)")
     texts = index.chunk_texts()

@@ -23,6 +23,7 @@ from .retrieval import PRESETS, RetrievalConfig
 LLM_OPTIONS = ("backend", "model", "base_url", "api_key_env", "concurrency", "max_retries", "request_timeout",
                "max_model_len", "enforce_eager", "gpu_memory_utilization")
 RETRIEVAL_PREFIX = "retrieval_"
+NO_VERIFY_HELP = "skip checking the index files against their checksums when loading (saves a few seconds per GB)"
 
 
 def _add_dataclass_options(parser, section, title: str, only=None, prefix: str = "", unset_default: bool = False) -> None:
@@ -67,6 +68,7 @@ def _add_query_arguments(parser) -> None:
     parser.add_argument("--trace", action="store_true", help="add each query's seeds, expanded nodes and chunk scores")
     parser.add_argument("--out", help="write JSON lines here instead of stdout")
     parser.add_argument("--embed-device", default=None, help="torch device of the query embedder (default: cuda when present)")
+    parser.add_argument("--no-verify", action="store_true", help=NO_VERIFY_HELP)
     _add_dataclass_options(parser, RetrievalConfig(), "retrieval options", prefix=RETRIEVAL_PREFIX, unset_default=True)
 
 
@@ -104,10 +106,16 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--judge-model", help="LLM-as-judge model on the same backend (default: the answering LLM)")
     evaluate.add_argument("--embed-device", default=None, help="torch device of the question embedder (default: cuda when present)")
     evaluate.add_argument("--quiet", action="store_true", help="no progress bars")
+    evaluate.add_argument("--no-verify", action="store_true", help=NO_VERIFY_HELP)
     _add_dataclass_options(evaluate, EvalConfig(), "evaluation options")
     _add_dataclass_options(evaluate, RetrievalConfig(), "retrieval options", prefix=RETRIEVAL_PREFIX, unset_default=True)
     _add_dataclass_options(evaluate, AnswerConfig(), "answer options")
     _add_dataclass_options(evaluate, GenerationConfig(), "answering LLM options", only=LLM_OPTIONS)
+
+    check = commands.add_parser("check", help="verify an index: checksums, shapes, norms, kNN graph, tables",
+                                description="Verify an index in full; exit code 0 when sound, 1 with a list of problems.")
+    check.add_argument("index", help="index directory")
+    check.add_argument("--no-checksums", action="store_true", help="skip the sha256 of every file (structure only)")
 
     corpus = commands.add_parser("corpus", help="convert a benchmark's corpus into a file qcg index reads",
                                  description="Write MultiHop-RAG's corpus.json as JSONL ({doc_id, text}) for qcg index.")
@@ -135,7 +143,7 @@ def run_query(args) -> int:
     from .retrieval import QCGIndex, Retriever, check_queries
 
     config = _retrieval_config(args)
-    index = QCGIndex.load(args.index)
+    index = QCGIndex.load(args.index, verify=not args.no_verify)
     llm = _answering_llm(args) if args.command == "answer" else None  # fail fast, before any retrieval work
     if args.embeddings:
         vectors = query.load_query_embeddings(args.embeddings)
@@ -196,11 +204,8 @@ def run_eval(args) -> int:
         args.preset = args.dataset
     retrieval = _retrieval_config(args)
     evalset = load_dataset(args.dataset, args.data)
-    if config.limit is not None:
-        if config.limit < 1:
-            raise QCGError(f"--limit must be >= 1, got {config.limit}")
-        evalset.questions = evalset.questions[: config.limit]
-    index = QCGIndex.load(args.index)
+    evalset.questions = config.select(evalset.questions)
+    index = QCGIndex.load(args.index, verify=not args.no_verify)
     evalset.problems += _evidence_outside(index, evalset)
     llm = judge_llm = None
     if config.answers:
@@ -222,6 +227,16 @@ def run_eval(args) -> int:
     paths = write_report(evaluation, args.out, header, evalset.problems)
     print(paths[1].read_text())
     return 0
+
+
+def run_check(args) -> int:
+    from .check import check_index
+
+    problems = check_index(args.index, checksums=not args.no_checksums)
+    for problem in problems:
+        print(f"PROBLEM: {problem}")
+    print(f"{args.index}: " + (f"{len(problems)} problem(s) found" if problems else "sound"))
+    return 1 if problems else 0
 
 
 def _evidence_outside(index, evalset) -> list[str]:
@@ -247,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
             return 3 if summary.failed_chunks else 0
         if args.command == "eval":
             return run_eval(args)
+        if args.command == "check":
+            return run_check(args)
         if args.command == "corpus":
             from .datasets import write_multihop_corpus
 

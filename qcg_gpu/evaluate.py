@@ -50,13 +50,26 @@ class EvalConfig:
     answers: bool = option(True, "Answer every question with the LLM and score the answers (exact match, token F1, judge).")
     judge: bool = option(True, "Score answers with the LLM as judge (deterministic decoding, one-word verdict).")
     sweep_answers: bool = option(False, "Also answer and judge at every sweep point (one LLM pass per point); otherwise sweeps are scored by retrieval metrics.")
-    limit: Optional[int] = option(None, "Evaluate only the first N questions (quick runs).")
+    limit_per_type: Optional[int] = option(None, "Evaluate only the first N questions of each type (quick, balanced runs).")
 
     def method_list(self) -> list[str]:
         return _names(self.methods, METHODS, "method")
 
     def sweep_list(self) -> list[str]:
         return _names(self.sweeps, SWEEPS, "sweep") if self.sweeps.strip() else []
+
+    def select(self, questions: list) -> list:
+        if self.limit_per_type is None:
+            return questions
+        if self.limit_per_type < 1:
+            raise QCGError(f"--limit-per-type must be >= 1, got {self.limit_per_type}")
+        taken: dict[str, int] = {}
+        chosen = []
+        for question in questions:
+            if taken.get(question.type, 0) < self.limit_per_type:
+                taken[question.type] = taken.get(question.type, 0) + 1
+                chosen.append(question)
+        return chosen
 
 
 def _names(text: str, allowed, what: str) -> list[str]:

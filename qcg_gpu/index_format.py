@@ -93,17 +93,60 @@ def read_manifest(index: str | Path) -> dict:
     return manifest
 
 
-def load_array(index: str | Path, name: str, mmap: bool = True) -> np.ndarray:
+def verify_file(index: str | Path, filename: str, manifest: dict) -> None:
+    """Refuse a file whose sha256 differs from the one the writer recorded."""
+    expected = manifest.get("files", {}).get(filename)
+    path = Path(index) / filename
+    if expected is None:
+        raise QCGError(f"index {index}: {filename} is not listed in manifest.json")
+    if not path.exists():
+        raise QCGError(f"index {index} is missing {filename}")
+    if _sha256(path) != expected:
+        raise QCGError(f"index {index}: {filename} does not match its checksum in manifest.json "
+                       f"(corrupt, or changed after it was written); run: qcg check {index}")
+
+
+def load_array(index: str | Path, name: str, mmap: bool = True, manifest: dict | None = None) -> np.ndarray:
+    """An array of the index (memory-mapped); checked against the manifest's checksum when ``manifest`` is given."""
     path = Path(index) / f"{name}.npy"
     if not path.exists():
         raise QCGError(f"index {index} is missing {path.name}")
-    return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    if manifest is not None:
+        verify_file(index, path.name, manifest)
+    try:
+        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise QCGError(f"index {index}: {path.name} is unreadable ({exc}); run: qcg check {index}") from exc
 
 
-def load_table(index: str | Path, name: str):
+def load_table(index: str | Path, name: str, manifest: dict | None = None):
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     path = Path(index) / f"{name}.parquet"
     if not path.exists():
         raise QCGError(f"index {index} is missing {path.name}")
-    return pq.read_table(path)
+    if manifest is not None:
+        verify_file(index, path.name, manifest)
+    try:
+        return pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise QCGError(f"index {index}: {path.name} is unreadable ({exc}); run: qcg check {index}") from exc
+
+
+def csr_problems(indptr: np.ndarray, indices: np.ndarray, n_nodes: int) -> list[str]:
+    """What is wrong with a kNN CSR over ``n_nodes`` nodes (empty when it is valid). O(edges)."""
+    if indptr.ndim != 1 or len(indptr) != n_nodes + 1:
+        return [f"knn_indptr has {len(indptr)} entries for {n_nodes} nodes (expected {n_nodes + 1})"]
+    problems = []
+    if indptr[0] != 0 or indptr[-1] != len(indices):
+        problems.append(f"knn_indptr runs from {indptr[0]} to {indptr[-1]}, expected 0 to {len(indices)} (the edge count)")
+    elif (np.diff(indptr) < 0).any():
+        problems.append("knn_indptr decreases")
+    if len(indices) and (indices.min() < 0 or indices.max() >= n_nodes):
+        problems.append(f"knn_indices holds node ids outside [0, {n_nodes})")
+    elif not problems and len(indices):
+        rows = np.repeat(np.arange(n_nodes), np.diff(indptr))
+        if (rows == indices).any():
+            problems.append("the kNN graph has self-loops")
+    return problems

@@ -20,7 +20,7 @@ import numpy as np
 from .capabilities import default_device, require, with_cuda
 from .config import option
 from .errors import QCGError
-from .index_format import load_array, load_table, read_manifest
+from .index_format import csr_problems, load_array, load_table, read_manifest
 
 PRESETS = {  # the paper's per-dataset settings (k, the kNN degree, is fixed when the index is built)
     "lihuaworld": {"gamma": 1.5, "n": 10, "hops": 1, "top_k": 5},
@@ -75,19 +75,31 @@ class QCGIndex:
     node_chunk: np.ndarray  # (N,) int64
     n_chunks: int
 
+    verified: bool = False  # files were checked against the manifest's checksums (lazy reads are too)
+
     @classmethod
-    def load(cls, path: str | Path) -> "QCGIndex":
+    def load(cls, path: str | Path, verify: bool = True) -> "QCGIndex":
+        """Load an index; ``verify`` checks each file read against its sha256 in the manifest
+        (a few seconds per GB) so a corrupt index is refused instead of answering wrongly."""
         path = Path(path)
         manifest = read_manifest(path)
-        emb = load_array(path, "node_embeddings")
+        checked = manifest if verify else None
+        emb = load_array(path, "node_embeddings", manifest=checked)
         if emb.dtype != np.float32:
             emb = emb.astype(np.float32)
-        node_chunk = load_table(path, "nodes").column("chunk_id").to_numpy().astype(np.int64)
-        indptr, indices = load_array(path, "knn_indptr", mmap=False), load_array(path, "knn_indices", mmap=False)
-        n = len(emb)
-        if len(node_chunk) != n or len(indptr) != n + 1 or (n and indptr[-1] != len(indices)):
-            raise QCGError(f"index {path} is inconsistent: {n} node embeddings, {len(node_chunk)} nodes, CSR of {len(indptr) - 1} rows")
-        return cls(path, manifest, emb, indptr, indices, node_chunk, int(manifest["counts"]["chunks"]))
+        node_chunk = load_table(path, "nodes", checked).column("chunk_id").to_numpy().astype(np.int64)
+        indptr = load_array(path, "knn_indptr", mmap=False, manifest=checked)
+        indices = load_array(path, "knn_indices", mmap=False, manifest=checked)
+        n, n_chunks = len(emb), int(manifest["counts"]["chunks"])
+        # cheap structural checks always: the numba kernels index with these arrays unchecked
+        problems = [] if emb.ndim == 2 else [f"node_embeddings has shape {emb.shape}"]
+        problems += [f"{len(node_chunk)} nodes for {n} node embeddings"] if len(node_chunk) != n else []
+        problems += csr_problems(indptr, indices, n) if not problems else []
+        if len(node_chunk) and not problems and (node_chunk.min() < 0 or node_chunk.max() >= n_chunks):
+            problems.append(f"nodes.parquet names chunks outside [0, {n_chunks})")
+        if problems:
+            raise QCGError(f"index {path} is inconsistent: {'; '.join(problems)}; run: qcg check {path}")
+        return cls(path, manifest, emb, indptr, indices, node_chunk, n_chunks, verified=verify)
 
     @property
     def dim(self) -> int:
@@ -96,7 +108,15 @@ class QCGIndex:
     @functools.cached_property
     def chunks(self):
         """chunks.parquet as a pyarrow Table, read on first use."""
-        return load_table(self.path, "chunks")
+        return self.table("chunks")
+
+    def table(self, name: str):
+        """Another table of the index (pairs, chunks), checksum-verified like the index was."""
+        return load_table(self.path, name, self.manifest if self.verified else None)
+
+    def array(self, name: str) -> np.ndarray:
+        """Another array of the index (chunk or pair embeddings), checksum-verified like the index was."""
+        return load_array(self.path, name, manifest=self.manifest if self.verified else None)
 
     def chunk_texts(self) -> list[str]:
         return self.chunks.column("text").to_pylist()

@@ -15,7 +15,6 @@ import numpy as np
 from .doc2query_minus import keep_mask
 from .embedding import Embedder
 from .errors import QCGError
-from .index_format import load_array, load_table
 from .knn import knn_graph
 from .pipeline import build_nodes
 from .retrieval import QCGIndex
@@ -41,7 +40,7 @@ def derive_index(index: QCGIndex, *, alpha: Optional[float] = None, knn_k: Optio
     settings["graph"]["knn_k"] = knn_k
     manifest = {**index.manifest, "settings": settings, "derived_from": str(index.path)}
     variant = QCGIndex(index.path, manifest, np.ascontiguousarray(node_emb, dtype=np.float32), graph.indptr, graph.indices,
-                       node_chunk, index.n_chunks)
+                       node_chunk, index.n_chunks, verified=index.verified)
     variant.__dict__["chunks"] = index.chunks  # share the cached chunks table
     return variant
 
@@ -50,7 +49,7 @@ def _rebuild_nodes(index: QCGIndex, alpha: float, nodes: str, embedder: Optional
     """Nodes and embeddings from the stored pairs re-filtered at ``alpha`` (or the chunks' sentences)."""
     if nodes != "qa" and embedder is None:
         raise QCGError(f"node text {nodes!r} needs an embedder to embed the new nodes")
-    table = load_table(index.path, "pairs")
+    table = index.table("pairs")
     pairs = {
         "chunk_id": table.column("chunk_id").to_numpy().astype(np.int64),
         "gen_index": table.column("gen_index").to_numpy().astype(np.int64),
@@ -60,6 +59,6 @@ def _rebuild_nodes(index: QCGIndex, alpha: float, nodes: str, embedder: Optional
     if nodes != "sentence" and not len(pairs["chunk_id"]):
         raise QCGError(f"{index.path} holds no generated pairs (built with --nodes sentence?); only the sentence variant applies")
     pairs["kept"] = keep_mask(pairs["chunk_id"], pairs["gen_index"], table.column("score").to_numpy(), alpha)
-    pair_emb = np.asarray(load_array(index.path, "pair_embeddings"), dtype=np.float32)
+    pair_emb = np.asarray(index.array("pair_embeddings"), dtype=np.float32)
     node_set, node_emb = build_nodes(nodes, index.chunk_texts(), pairs, pair_emb, embedder, progress)
     return node_emb, np.asarray(node_set.chunk_id, dtype=np.int64)
