@@ -1,8 +1,11 @@
-"""The on-disk index: Parquet tables, .npy arrays and manifest.json (see README, "Index format").
+"""The on-disk index: ``manifest.json`` plus Parquet tables and .npy arrays in a version
+directory it names (see README, "Index format").
 
-Writing is atomic: everything goes into a hidden sibling directory, the
-manifest is written last, and the directory is renamed into place. A reader
-therefore sees either the previous complete index or the new complete one.
+Publishing is atomic and readers are never disturbed: a new version's files go into a fresh
+``v-<id>/`` directory, and only then does ``manifest.json`` (replaced with one rename) point
+to it. A reader that loaded a version keeps reading that version (its files stay until the
+version after next is published), so a rebuild next to running queries changes nothing for
+them. A new index is assembled in a hidden sibling directory and renamed into place.
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ import numpy as np
 
 from .errors import QCGError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: files in the version directory named by manifest["data_dir"]; 1: files next to the manifest
+READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 TABLES = ("chunks", "pairs", "nodes")
 ARRAYS = ("node_embeddings", "chunk_embeddings", "pair_embeddings", "knn_indptr", "knn_indices", "knn_scores")
@@ -43,41 +47,78 @@ def check_writable(out: Path, overwrite: bool) -> None:
 
 
 class IndexWriter:
-    """Collects the files of an index in a temporary directory; :meth:`commit` publishes them."""
+    """Writes the files of a new index version; :meth:`commit` publishes them, :meth:`abort` drops them."""
 
     def __init__(self, out: str | Path):
         self.out = Path(out)
-        self.tmp = self.out.with_name(f".{self.out.name}.tmp-{uuid.uuid4().hex[:8]}")
-        self.tmp.mkdir(parents=True)
+        self.version = f"v-{uuid.uuid4().hex[:12]}"
+        # replacing: the new version goes next to the live one; new: the whole index is assembled aside
+        self.root = self.out if (self.out / MANIFEST).exists() else self.out.with_name(f".{self.out.name}.tmp-{self.version}")
+        self.data = self.root / self.version
+        self.data.mkdir(parents=True)
         self.files: dict[str, str] = {}
 
     def write_table(self, name: str, table) -> None:
         import pyarrow.parquet as pq
 
-        pq.write_table(table, self.tmp / f"{name}.parquet", compression="zstd")
-        self.files[f"{name}.parquet"] = _sha256(self.tmp / f"{name}.parquet")
+        pq.write_table(table, self.data / f"{name}.parquet", compression="zstd")
+        self.files[f"{name}.parquet"] = _sha256(self.data / f"{name}.parquet")
 
     def write_array(self, name: str, array: np.ndarray) -> None:
-        np.save(self.tmp / f"{name}.npy", np.ascontiguousarray(array), allow_pickle=False)
-        self.files[f"{name}.npy"] = _sha256(self.tmp / f"{name}.npy")
+        np.save(self.data / f"{name}.npy", np.ascontiguousarray(array), allow_pickle=False)
+        self.files[f"{name}.npy"] = _sha256(self.data / f"{name}.npy")
 
     def commit(self, manifest: dict) -> Path:
-        manifest = {"format_version": FORMAT_VERSION, **manifest, "files": self.files}
-        with open(self.tmp / MANIFEST, "w") as fh:
+        manifest = {"format_version": FORMAT_VERSION, **manifest, "data_dir": self.version, "files": self.files}
+        for name in self.files:
+            _fsync(self.data / name)
+        previous = _data_dir_name(self.root)
+        staged = self.root / f".{MANIFEST}.{self.version}"
+        with open(staged, "w") as fh:
             json.dump(manifest, fh, indent=2, default=str)
             fh.flush()
             os.fsync(fh.fileno())
-        old = None
-        if self.out.exists():
-            old = self.out.with_name(f".{self.out.name}.old-{uuid.uuid4().hex[:8]}")
-            os.replace(self.out, old)
-        os.replace(self.tmp, self.out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        os.replace(staged, self.root / MANIFEST)  # the publishing step: one atomic rename
+        if self.root != self.out:
+            os.replace(self.root, self.out)
+            for leftover in self.out.parent.glob(f".{self.out.name}.tmp-v-*"):  # of runs killed before publishing
+                shutil.rmtree(leftover, ignore_errors=True)
+        self._drop_old_versions(keep={self.version, previous})
         return self.out
 
+    def _drop_old_versions(self, keep: set) -> None:
+        """Versions before the previous one, and format-1 files at the top; the previous version
+        stays for readers that are still using it."""
+        for path in self.out.iterdir():
+            if path.is_dir() and path.name.startswith("v-") and path.name not in keep:
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.is_file() and path.suffix in (".npy", ".parquet") and "." not in keep:
+                path.unlink(missing_ok=True)
+
     def abort(self) -> None:
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        shutil.rmtree(self.data if self.root == self.out else self.root, ignore_errors=True)
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def _data_dir_name(root: Path) -> str | None:
+    """The version directory the live manifest names ("." for a format-1 index), None if none."""
+    try:
+        return json.loads((root / MANIFEST).read_text()).get("data_dir", ".")
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def data_dir(index: str | Path, manifest: dict | None = None) -> Path:
+    """Where the files of an index version are: ``index`` is the index (its manifest names the
+    version; pass ``manifest`` to pin the one already read) or a version directory itself."""
+    index = Path(index)
+    if not (index / MANIFEST).exists():
+        return index
+    return index / (manifest or read_manifest(index)).get("data_dir", ".")
 
 
 def read_manifest(index: str | Path) -> dict:
@@ -88,15 +129,15 @@ def read_manifest(index: str | Path) -> dict:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise QCGError(f"{path} is corrupt: {exc}") from exc
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise QCGError(f"{index} has index format {manifest.get('format_version')}; this qcg-gpu reads format {FORMAT_VERSION}")
+    if manifest.get("format_version") not in READABLE_VERSIONS:
+        raise QCGError(f"{index} has index format {manifest.get('format_version')}; this qcg-gpu reads formats {', '.join(map(str, READABLE_VERSIONS))}")
     return manifest
 
 
 def verify_file(index: str | Path, filename: str, manifest: dict) -> None:
     """Refuse a file whose sha256 differs from the one the writer recorded."""
     expected = manifest.get("files", {}).get(filename)
-    path = Path(index) / filename
+    path = data_dir(index, manifest) / filename
     if expected is None:
         raise QCGError(f"index {index}: {filename} is not listed in manifest.json")
     if not path.exists():
@@ -108,7 +149,7 @@ def verify_file(index: str | Path, filename: str, manifest: dict) -> None:
 
 def load_array(index: str | Path, name: str, mmap: bool = True, manifest: dict | None = None) -> np.ndarray:
     """An array of the index (memory-mapped); checked against the manifest's checksum when ``manifest`` is given."""
-    path = Path(index) / f"{name}.npy"
+    path = data_dir(index, manifest) / f"{name}.npy"
     if not path.exists():
         raise QCGError(f"index {index} is missing {path.name}")
     if manifest is not None:
@@ -123,7 +164,7 @@ def load_table(index: str | Path, name: str, manifest: dict | None = None):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    path = Path(index) / f"{name}.parquet"
+    path = data_dir(index, manifest) / f"{name}.parquet"
     if not path.exists():
         raise QCGError(f"index {index} is missing {path.name}")
     if manifest is not None:

@@ -20,7 +20,7 @@ import numpy as np
 from .capabilities import default_device, require, with_cuda
 from .config import option
 from .errors import QCGError
-from .index_format import csr_problems, load_array, load_table, read_manifest
+from .index_format import csr_problems, data_dir, load_array, load_table, read_manifest
 
 PRESETS = {  # the paper's per-dataset settings (k, the kNN degree, is fixed when the index is built)
     "lihuaworld": {"gamma": 1.5, "n": 10, "hops": 1, "top_k": 5},
@@ -76,6 +76,7 @@ class QCGIndex:
     n_chunks: int
 
     verified: bool = False  # files were checked against the manifest's checksums (lazy reads are too)
+    data: Optional[Path] = None  # the version directory loaded: later reads stay on it while a rebuild publishes another
 
     @classmethod
     def load(cls, path: str | Path, verify: bool = True) -> "QCGIndex":
@@ -83,13 +84,14 @@ class QCGIndex:
         (a few seconds per GB) so a corrupt index is refused instead of answering wrongly."""
         path = Path(path)
         manifest = read_manifest(path)
+        data = data_dir(path, manifest)
         checked = manifest if verify else None
-        emb = load_array(path, "node_embeddings", manifest=checked)
+        emb = load_array(data, "node_embeddings", manifest=checked)
         if emb.dtype != np.float32:
             emb = emb.astype(np.float32)
-        node_chunk = load_table(path, "nodes", checked).column("chunk_id").to_numpy().astype(np.int64)
-        indptr = load_array(path, "knn_indptr", mmap=False, manifest=checked)
-        indices = load_array(path, "knn_indices", mmap=False, manifest=checked)
+        node_chunk = load_table(data, "nodes", checked).column("chunk_id").to_numpy().astype(np.int64)
+        indptr = load_array(data, "knn_indptr", mmap=False, manifest=checked)
+        indices = load_array(data, "knn_indices", mmap=False, manifest=checked)
         n, n_chunks = len(emb), int(manifest["counts"]["chunks"])
         # cheap structural checks always: the numba kernels index with these arrays unchecked
         problems = [] if emb.ndim == 2 else [f"node_embeddings has shape {emb.shape}"]
@@ -99,7 +101,7 @@ class QCGIndex:
             problems.append(f"nodes.parquet names chunks outside [0, {n_chunks})")
         if problems:
             raise QCGError(f"index {path} is inconsistent: {'; '.join(problems)}; run: qcg check {path}")
-        return cls(path, manifest, emb, indptr, indices, node_chunk, n_chunks, verified=verify)
+        return cls(path, manifest, emb, indptr, indices, node_chunk, n_chunks, verified=verify, data=data)
 
     @property
     def dim(self) -> int:
@@ -112,11 +114,11 @@ class QCGIndex:
 
     def table(self, name: str):
         """Another table of the index (pairs, chunks), checksum-verified like the index was."""
-        return load_table(self.path, name, self.manifest if self.verified else None)
+        return load_table(self.data or self.path, name, self.manifest if self.verified else None)
 
     def array(self, name: str) -> np.ndarray:
         """Another array of the index (chunk or pair embeddings), checksum-verified like the index was."""
-        return load_array(self.path, name, manifest=self.manifest if self.verified else None)
+        return load_array(self.data or self.path, name, manifest=self.manifest if self.verified else None)
 
     def chunk_texts(self) -> list[str]:
         return self.chunks.column("text").to_pylist()

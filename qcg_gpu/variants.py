@@ -40,7 +40,7 @@ def derive_index(index: QCGIndex, *, alpha: Optional[float] = None, knn_k: Optio
     settings["graph"]["knn_k"] = knn_k
     manifest = {**index.manifest, "settings": settings, "derived_from": str(index.path)}
     variant = QCGIndex(index.path, manifest, np.ascontiguousarray(node_emb, dtype=np.float32), graph.indptr, graph.indices,
-                       node_chunk, index.n_chunks, verified=index.verified)
+                       node_chunk, index.n_chunks, verified=index.verified, data=index.data)
     variant.__dict__["chunks"] = index.chunks  # share the cached chunks table
     return variant
 

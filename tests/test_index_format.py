@@ -6,7 +6,7 @@ import pytest
 
 from qcg_gpu import index_format
 from qcg_gpu.errors import QCGError
-from qcg_gpu.index_format import IndexWriter, check_writable, load_array, read_manifest
+from qcg_gpu.index_format import IndexWriter, check_writable, data_dir, load_array, read_manifest
 
 
 def _write(out, value):
@@ -45,12 +45,47 @@ def test_failure_while_writing_keeps_the_previous_index(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["idx"]
 
 
-def test_overwrite_replaces_atomically(tmp_path):
+def test_overwrite_publishes_a_new_version_and_keeps_the_previous_one(tmp_path):
     out = tmp_path / "idx"
     _write(out, 1)
+    first = data_dir(out)
     _write(out, 2)
-    assert read_manifest(out)["note"] == 2
+    assert read_manifest(out)["note"] == 2 and load_array(out, "knn_indptr").tolist() == [2]
     assert [p.name for p in tmp_path.iterdir()] == ["idx"]
+    assert load_array(first, "knn_indptr").tolist() == [1]  # a reader pinned to version 1 still reads it
+    _write(out, 3)
+    assert not first.exists()  # the version before the previous one is gone
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == sorted([data_dir(out).name, _previous(out)])
+
+
+def _previous(out):
+    return next(p.name for p in out.iterdir() if p.is_dir() and p != data_dir(out))
+
+
+def test_format_1_index_is_read_and_replaced(tmp_path):
+    out = tmp_path / "idx"
+    out.mkdir()
+    np.save(out / "knn_indptr.npy", np.array([7]))
+    (out / "manifest.json").write_text(json.dumps({"format_version": 1, "files": {}}))
+    assert data_dir(out) == out and load_array(out, "knn_indptr").tolist() == [7]
+    _write(out, 8)
+    assert load_array(out, "knn_indptr").tolist() == [8]
+    assert (out / "knn_indptr.npy").exists()  # the previous (format 1) version stays for its readers
+    _write(out, 9)
+    assert not (out / "knn_indptr.npy").exists()
+
+
+def test_killed_writer_leaves_nothing_visible_and_is_cleaned_up(tmp_path):
+    out = tmp_path / "idx"
+    IndexWriter(out).write_array("knn_indptr", np.array([1]))  # a new index, never committed (killed)
+    assert not out.exists()
+    _write(out, 2)
+    assert [p.name for p in tmp_path.iterdir()] == ["idx"]
+    IndexWriter(out).write_array("knn_indptr", np.array([3]))  # a replacement, never committed
+    assert load_array(out, "knn_indptr").tolist() == [2]
+    _write(out, 4)
+    _write(out, 5)
+    assert len([p for p in out.iterdir() if p.is_dir()]) == 2  # the orphan version was dropped
 
 
 def test_refusals(tmp_path):
@@ -65,9 +100,9 @@ def test_refusals(tmp_path):
         check_writable(stranger, overwrite=True)
     with pytest.raises(QCGError, match="no manifest.json"):
         read_manifest(stranger)
+    with pytest.raises(QCGError, match="missing knn_scores.npy"):
+        load_array(out, "knn_scores")
     manifest = json.loads((out / "manifest.json").read_text())
     (out / "manifest.json").write_text(json.dumps({**manifest, "format_version": 99}))
     with pytest.raises(QCGError, match="format 99"):
         read_manifest(out)
-    with pytest.raises(QCGError, match="missing knn_scores.npy"):
-        load_array(out, "knn_scores")

@@ -12,7 +12,7 @@ from qcg_gpu import build_index
 from qcg_gpu.check import check_index
 from qcg_gpu.config import IndexConfig
 from qcg_gpu.errors import QCGError
-from qcg_gpu.index_format import _sha256
+from qcg_gpu.index_format import _sha256, data_dir
 from qcg_gpu.retrieval import QCGIndex
 
 from .test_cli_openai import qcg
@@ -43,9 +43,9 @@ def index(sound_index, tmp_path):
 
 def _rewrite(index, name: str, array: np.ndarray) -> None:
     """Replace an array and record its new checksum: a consistent-looking but wrong index (a bad hand edit)."""
-    np.save(index / f"{name}.npy", array)
+    np.save(data_dir(index) / f"{name}.npy", array)
     manifest = json.loads((index / "manifest.json").read_text())
-    manifest["files"][f"{name}.npy"] = _sha256(index / f"{name}.npy")
+    manifest["files"][f"{name}.npy"] = _sha256(data_dir(index) / f"{name}.npy")
     (index / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -56,7 +56,7 @@ def test_sound_index_passes(index):
 
 
 def test_flipped_byte_is_found_and_refused(index):
-    path = index / "node_embeddings.npy"
+    path = data_dir(index) / "node_embeddings.npy"
     data = bytearray(path.read_bytes())
     data[-5] ^= 0x40  # one bit in the last embedding
     path.write_bytes(bytes(data))
@@ -70,7 +70,7 @@ def test_flipped_byte_is_found_and_refused(index):
 
 
 def test_truncated_file_is_refused(index):
-    path = index / "knn_indices.npy"
+    path = data_dir(index) / "knn_indices.npy"
     path.write_bytes(path.read_bytes()[:100])
     assert any("knn_indices.npy" in p for p in check_index(index))
     with pytest.raises(QCGError, match="knn_indices.npy is unreadable"):
@@ -78,7 +78,7 @@ def test_truncated_file_is_refused(index):
 
 
 def test_inconsistent_graph_is_refused_even_without_checksums(index):
-    indices = np.load(index / "knn_indices.npy")
+    indices = np.load(data_dir(index) / "knn_indices.npy")
     indices[3] = 10**6  # a node id that does not exist: the numba kernels would read out of bounds
     _rewrite(index, "knn_indices", indices)
     assert any("outside" in p for p in check_index(index))
@@ -91,14 +91,14 @@ def test_inconsistent_graph_is_refused_even_without_checksums(index):
 
 
 def test_embeddings_that_are_not_unit_length(index):
-    emb = np.load(index / "chunk_embeddings.npy")
+    emb = np.load(data_dir(index) / "chunk_embeddings.npy")
     _rewrite(index, "chunk_embeddings", emb * 2)
     problems = check_index(index)
     assert len(problems) == 1 and "chunk_embeddings rows are not unit length (worst |norm - 1| = 1)" in problems[0]
 
 
 def test_missing_and_foreign_files(index, tmp_path):
-    (index / "nodes.parquet").unlink()
+    (data_dir(index) / "nodes.parquet").unlink()
     result = qcg("query", index, "--query", "house rules")
     assert result.returncode == 2 and "missing nodes.parquet" in result.stderr
     manifest = json.loads((index / "manifest.json").read_text())

@@ -8,7 +8,7 @@ import pytest
 
 from qcg_gpu.answer import build_context
 from qcg_gpu.chunking import load_tokenizer
-from qcg_gpu.index_format import load_array, load_table
+from qcg_gpu.index_format import data_dir, load_array, load_table
 from qcg_gpu.retrieval import RetrievalConfig, Retriever
 
 from .test_cli_openai import qcg
@@ -87,7 +87,7 @@ def test_missing_index_file_is_refused(small_index, tmp_path):
 
     broken = tmp_path / "broken"
     shutil.copytree(small_index, broken)
-    (broken / "knn_indices.npy").unlink()
+    (data_dir(broken) / "knn_indices.npy").unlink()
     result = qcg("query", broken, "--query", "x")
     assert result.returncode == 2 and "missing knn_indices.npy" in result.stderr
 

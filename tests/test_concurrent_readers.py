@@ -1,0 +1,63 @@
+"""Many processes query one index while new versions of it are published next to them: every reader
+keeps seeing one complete, self-consistent version (never a missing or mixed one)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+
+from qcg_gpu import build_index
+from qcg_gpu.config import IndexConfig
+
+from .conftest import SAMPLE_DOCS
+
+READER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    import numpy as np
+    from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever
+
+    root, stop = Path(sys.argv[1]), Path(sys.argv[2])
+    queries = np.random.default_rng(0).standard_normal((8, 384)).astype(np.float32)
+    seen, loads = set(), 0
+    while not stop.exists():
+        index = QCGIndex.load(root)
+        result = Retriever(index, RetrievalConfig(gamma=0.0, backend="torch", device="cpu")).search(queries)
+        time.sleep(0.02)  # a rebuild may publish a new version now
+        chunks = index.chunks  # read lazily, after the search
+        assert chunks.num_rows == index.n_chunks == index.manifest["counts"]["chunks"], "mixed versions"
+        assert result.chunk_ids.max() < chunks.num_rows
+        seen.add(chunks.num_rows)
+        loads += 1
+    print(loads, sorted(seen))
+""")
+
+
+def _config(chunk_tokens: int) -> IndexConfig:
+    config = IndexConfig()
+    config.chunking.chunk_tokens, config.chunking.chunk_overlap = chunk_tokens, 8
+    config.nodes.nodes, config.nodes.device = "sentence", "cpu"
+    return config
+
+
+def test_readers_keep_a_consistent_version_while_rebuilds_publish(tmp_path, embedder):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for path in sorted((SAMPLE_DOCS / "week1").glob("*.txt"))[:4]:
+        shutil.copy(path, docs / path.name)
+    index, stop = tmp_path / "index", tmp_path / "stop"
+    build_index(docs, index, _config(64), embedder=embedder, progress=False)
+    readers = [subprocess.Popen([sys.executable, "-c", READER, str(index), str(stop)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    try:
+        for round_ in range(6):  # alternate chunk sizes, so versions differ in their chunk counts
+            build_index(docs, index, _config(200 if round_ % 2 == 0 else 64), overwrite=True, embedder=embedder, progress=False)
+    finally:
+        stop.touch()
+        outputs = [reader.communicate(timeout=120) for reader in readers]
+    for reader, (out, err) in zip(readers, outputs):
+        assert reader.returncode == 0, err[-3000:]
+        loads, _ = out.split(" ", 1)
+        assert int(loads) >= 1
+    assert any(len(eval(out.split(" ", 1)[1])) == 2 for out, _ in outputs)  # some reader saw both versions
