@@ -102,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "multihop-rag: directory with corpus.json and MultiHopRAG.json; jsonl: the questions file")
     evaluate.add_argument("--index", required=True, help="index of the dataset's corpus, made by qcg index")
     evaluate.add_argument("--out", required=True, help="directory for results.jsonl, summary.md/.csv and sweep plots")
+    evaluate.add_argument("--compare-index", action="append", metavar="LABEL=PATH",
+                          help="another index of the same corpus (other chunking, embedder, LLM); its rows are labelled METHOD@LABEL (repeatable)")
     evaluate.add_argument("--preset", choices=sorted(PRESETS), help="the paper's retrieval settings (default: the dataset's own, when it has one)")
     evaluate.add_argument("--judge-model", help="LLM-as-judge model on the same backend (default: the answering LLM)")
     evaluate.add_argument("--embed-device", default=None, help="torch device of the question embedder (default: cuda when present)")
@@ -207,6 +209,9 @@ def run_eval(args) -> int:
     evalset.questions = config.select(evalset.questions)
     index = QCGIndex.load(args.index, verify=not args.no_verify)
     evalset.problems += _evidence_outside(index, evalset)
+    compared = {label: QCGIndex.load(path, verify=not args.no_verify) for label, path in _labelled(args.compare_index)}
+    for label, other in compared.items():
+        evalset.problems += [f"[{label}] {p}" for p in _evidence_outside(other, evalset)]
     llm = judge_llm = None
     if config.answers:
         llm = _answering_llm(args)
@@ -214,11 +219,18 @@ def run_eval(args) -> int:
             from .llm import make_backend
 
             judge_llm = make_backend(dataclasses.replace(_fill(GenerationConfig(), args), model=args.judge_model))
-    harness = Harness(index, evalset, index_embedder(index, args.embed_device), retrieval, _fill(AnswerConfig(), args),
-                      llm, judge_llm, progress=not args.quiet)
-    evaluation = harness.run(config)
+    answer_config = _fill(AnswerConfig(), args)
+
+    def harness(ix):
+        return Harness(ix, evalset, index_embedder(ix, args.embed_device), retrieval, answer_config, llm, judge_llm,
+                       progress=not args.quiet)
+
+    evaluation = harness(index).run(config)
+    for label, other in compared.items():  # the same methods on another index of the corpus; sweeps on the main one only
+        evaluation.add(harness(other).run(dataclasses.replace(config, sweeps="")), label)
     header = {
         "dataset": f"{args.dataset} ({args.data})", "index": args.index,
+        **{f"index @{label}": path for label, path in _labelled(args.compare_index)},
         "index LLM": index.manifest["models"]["llm"], "embedder": index.manifest["models"]["embedder"],
         "answering LLM": llm.model_name if llm else "none (retrieval metrics only)",
         "judge LLM": (judge_llm or llm).model_name if llm and config.judge else "none",
@@ -227,6 +239,16 @@ def run_eval(args) -> int:
     paths = write_report(evaluation, args.out, header, evalset.problems)
     print(paths[1].read_text())
     return 0
+
+
+def _labelled(specs: list[str] | None) -> list[tuple[str, str]]:
+    pairs = []
+    for spec in specs or []:
+        label, sep, path = spec.partition("=")
+        if not sep or not label or not path:
+            raise QCGError(f"--compare-index takes LABEL=PATH, got {spec!r}")
+        pairs.append((label, path))
+    return pairs
 
 
 def run_check(args) -> int:

@@ -86,6 +86,10 @@ class Evaluation:
     sweeps: dict[str, list[dict]]  # sweep name -> one row per point
     types: list[str]
 
+    def add(self, other: "Evaluation", label: str) -> None:
+        """Append another index's records, their methods labelled ``METHOD@label``."""
+        self.records += [{**r, "method": f"{r['method']}@{label}"} for r in other.records]
+
 
 class Harness:
     """Holds what every method shares: the index, its embedder, the questions and their embeddings."""

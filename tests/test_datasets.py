@@ -127,6 +127,19 @@ def test_multihop_rag_fixture(tmp_path):
     assert docs["https://example.com/chips"].startswith("Chipmaker beats forecasts\nTechWire 2023-10-02")
 
 
+def test_limit_per_type_takes_the_first_of_each_type(tmp_path):
+    from qcg_gpu.evaluate import EvalConfig
+
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps({"question": f"Q{i}?", "type": t, "evidence_doc_ids": ["d"]}) + "\n"
+                            for i, t in enumerate(["Single", "Multi", "Single", "Null", "Multi", "Single"])))
+    questions = load_dataset("jsonl", path).questions
+    assert [q.question for q in EvalConfig(limit_per_type=2).select(questions)] == ["Q0?", "Q1?", "Q2?", "Q3?", "Q4?"]
+    assert EvalConfig().select(questions) == questions
+    with pytest.raises(QCGError, match="must be >= 1"):
+        EvalConfig(limit_per_type=0).select(questions)
+
+
 def test_jsonl_questions(tmp_path):
     path = tmp_path / "q.jsonl"
     path.write_text('{"question": "Who?", "answer": "Ann", "evidence_doc_ids": ["d1"], "type": "Single", "query_id": "x"}\n\n'

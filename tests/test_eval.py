@@ -125,9 +125,14 @@ def test_eval_answers_judges_and_reports(small_index, questions_file, vllm_backe
 def test_eval_cli_retrieval_only(small_index, questions_file, tmp_path):
     out = tmp_path / "report"
     result = qcg("eval", "--dataset", "jsonl", "--data", questions_file, "--index", small_index, "--out", out,
-                 "--no-answers", "--methods", "naive,qcg", "--sweeps", "seeds", "--gamma", "1.0", "--quiet")
+                 "--no-answers", "--methods", "naive,qcg", "--sweeps", "seeds", "--gamma", "1.0", "--quiet",
+                 "--compare-index", f"again={small_index}", "--limit-per-type", "1")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Evidence recall@K" in result.stdout and "LLM-as-judge" not in result.stdout
+    assert "| qcg@again |" in result.stdout and "questions by type: {'single': 1, 'null': 1}" in result.stdout
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["method"] for r in records] == ["naive", "naive", "qcg", "qcg", "naive@again", "naive@again", "qcg@again", "qcg@again"]
+    assert [r["chunk_ids"] for r in records[:4]] == [r["chunk_ids"] for r in records[4:]]  # the same index twice
     rows = (out / "sweep_seeds.csv").read_text().splitlines()
     assert rows[0].startswith("gamma,n,") and len(rows) == 1 + 8
     assert (out / "sweep_seeds.png").exists()

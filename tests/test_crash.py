@@ -1,0 +1,115 @@
+"""SIGKILL of a real `qcg index` process at each stage: nothing half-written is ever visible, the
+previous index stays sound, and the rerun reuses every finished LLM batch."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from qcg_gpu.check import check_index
+from qcg_gpu.index_format import load_table, read_manifest
+
+from .conftest import SAMPLE_DOCS
+
+
+def _docs(tmp_path, n):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for path in sorted((SAMPLE_DOCS / "week1").glob("*.txt"))[:n]:
+        shutil.copy(path, docs / path.name)
+    return docs
+
+
+def _start(*args):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "qcg_gpu.cli", "index", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def _kill_at(process, marker: str, timeout: float = 600) -> str:
+    """Read the run's output until ``marker`` appears, then SIGKILL it; returns what was read."""
+    seen, deadline = [], time.monotonic() + timeout
+    for line in process.stdout:
+        seen.append(line)
+        if marker in line or time.monotonic() > deadline:
+            break
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+    return "".join(seen)
+
+
+def _visible(tmp_path) -> list[str]:
+    return sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("."))
+
+
+@pytest.mark.parametrize("stage", ["[qcg] load_embedder", "[qcg] embed", "[qcg] knn", "[qcg] write"])
+def test_kill_during_a_rebuild_keeps_a_sound_index(tmp_path, stage):
+    docs = _docs(tmp_path, 4)
+    index = tmp_path / "index"
+    options = ("--nodes", "sentence", "--device", "cpu")
+    assert subprocess.run([sys.executable, "-m", "qcg_gpu.cli", "index", docs, index, *options, "--quiet"]).returncode == 0
+    before = read_manifest(index)
+
+    output = _kill_at(_start(docs, index, *options, "--chunk-tokens", "300", "--overwrite"), stage)
+    assert stage in output
+    assert check_index(index) == []  # the old version, or the new one if the kill came after publishing
+    assert read_manifest(index)["counts"]["chunks"] in (before["counts"]["chunks"], _chunks_at_300(docs))
+    assert _visible(tmp_path) == ["docs", "index"]
+
+    rerun = subprocess.run([sys.executable, "-m", "qcg_gpu.cli", "index", docs, index, *options, "--chunk-tokens", "300",
+                            "--overwrite", "--quiet"], capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
+    assert check_index(index) == [] and read_manifest(index)["counts"]["chunks"] == _chunks_at_300(docs)
+    assert len([p for p in index.iterdir() if p.is_dir()]) <= 2  # current and previous version only
+
+
+def _chunks_at_300(docs) -> int:
+    from qcg_gpu.chunking import chunk_document, load_tokenizer
+    from qcg_gpu.config import ChunkingConfig
+    from qcg_gpu.documents import SkipLog, read_documents
+
+    tokenizer, config = load_tokenizer("cl100k_base"), ChunkingConfig(chunk_tokens=300)
+    return sum(len(list(chunk_document(d.doc_id, d.pieces(), tokenizer, config))) for d in read_documents(docs, SkipLog()))
+
+
+@pytest.mark.llm
+def test_kill_during_generation_loses_at_most_the_batch_in_flight(tmp_path):
+    docs = _docs(tmp_path, 6)
+    cache, index = tmp_path / "cache.sqlite", tmp_path / "index"
+    options = ("--m", "4", "--batch-chunks", "1", "--cache", cache, "--device", "cpu")
+    process = _start(docs, index, *options)
+    deadline = time.monotonic() + 600
+    while _cached(cache) < 2 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+    done = _cached(cache)
+    assert 2 <= done < 6, "the kill should land during generation"
+    assert _visible(tmp_path) == ["cache.sqlite", "docs"]  # no index, not even a partial one
+
+    rerun = subprocess.run([sys.executable, "-m", "qcg_gpu.cli", "index", docs, index, *options, "--quiet"],
+                           capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
+    assert f"{6 - done} chunks generated, {done} from cache" in rerun.stdout  # nothing finished was regenerated
+    assert check_index(index) == []
+    # and a third run, entirely from the cache, writes the same index
+    again = subprocess.run([sys.executable, "-m", "qcg_gpu.cli", "index", docs, tmp_path / "again", *options, "--quiet"],
+                           capture_output=True, text=True)
+    assert "0 chunks generated, 6 from cache" in again.stdout
+    assert load_table(tmp_path / "again", "pairs").equals(load_table(index, "pairs"))
+
+
+def _cached(cache) -> int:
+    if not cache.exists():
+        return 0
+    try:
+        with sqlite3.connect(cache, timeout=1) as db:
+            return db.execute("SELECT COUNT(*) FROM replies").fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0
