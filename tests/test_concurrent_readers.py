@@ -2,7 +2,6 @@
 keeps seeing one complete, self-consistent version (never a missing or mixed one)."""
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -10,7 +9,7 @@ import textwrap
 from qcg_gpu import build_index
 from qcg_gpu.config import IndexConfig
 
-from .conftest import SAMPLE_DOCS
+from .conftest import sample_docs
 
 READER = textwrap.dedent("""
     import sys, time
@@ -42,10 +41,7 @@ def _config(chunk_tokens: int) -> IndexConfig:
 
 
 def test_readers_keep_a_consistent_version_while_rebuilds_publish(tmp_path, embedder):
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    for path in sorted((SAMPLE_DOCS / "week1").glob("*.txt"))[:4]:
-        shutil.copy(path, docs / path.name)
+    docs = sample_docs(tmp_path / "docs", 4)
     index, stop = tmp_path / "index", tmp_path / "stop"
     build_index(docs, index, _config(64), embedder=embedder, progress=False)
     readers = [subprocess.Popen([sys.executable, "-c", READER, str(index), str(stop)], stdout=subprocess.PIPE,

@@ -3,7 +3,6 @@ previous index stays sound, and the rerun reuses every finished LLM batch."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -15,15 +14,7 @@ import pytest
 from qcg_gpu.check import check_index
 from qcg_gpu.index_format import load_table, read_manifest
 
-from .conftest import SAMPLE_DOCS
-
-
-def _docs(tmp_path, n):
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    for path in sorted((SAMPLE_DOCS / "week1").glob("*.txt"))[:n]:
-        shutil.copy(path, docs / path.name)
-    return docs
+from .conftest import sample_docs
 
 
 def _start(*args):
@@ -48,9 +39,9 @@ def _visible(tmp_path) -> list[str]:
     return sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("."))
 
 
-@pytest.mark.parametrize("stage", ["[qcg] load_embedder", "[qcg] embed", "[qcg] knn", "[qcg] write"])
+@pytest.mark.parametrize("stage", ["[qcg] embed", "[qcg] knn", "[qcg] write"])
 def test_kill_during_a_rebuild_keeps_a_sound_index(tmp_path, stage):
-    docs = _docs(tmp_path, 4)
+    docs = sample_docs(tmp_path / "docs", 4)
     index = tmp_path / "index"
     options = ("--nodes", "sentence", "--device", "cpu")
     assert subprocess.run([sys.executable, "-m", "qcg_gpu.cli", "index", docs, index, *options, "--quiet"]).returncode == 0
@@ -80,7 +71,7 @@ def _chunks_at_300(docs) -> int:
 
 @pytest.mark.llm
 def test_kill_during_generation_loses_at_most_the_batch_in_flight(tmp_path):
-    docs = _docs(tmp_path, 6)
+    docs = sample_docs(tmp_path / "docs", 6)
     cache, index = tmp_path / "cache.sqlite", tmp_path / "index"
     options = ("--m", "4", "--batch-chunks", "1", "--cache", cache, "--device", "cpu")
     process = _start(docs, index, *options)

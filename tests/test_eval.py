@@ -16,7 +16,7 @@ from qcg_gpu.metrics import evidence_recall
 from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever
 from qcg_gpu.variants import _rebuild_nodes, derive_index
 
-from .test_cli_openai import qcg
+from .conftest import qcg
 
 pytestmark = pytest.mark.llm
 
@@ -90,7 +90,7 @@ def test_eval_answers_judges_and_reports(small_index, questions_file, vllm_backe
             assert r["judge"] == r["em"] == float(r["abstained"]) and np.isnan(r["recall"])
         else:
             assert r["recall"] == evidence_recall(r["docs"], r["evidence"])
-            assert ("judge_reply" in r) == (not r["abstained"])
+            assert ("judge_reply" in r) == (bool(r["answer"]) and not r["abstained"])
             if r["abstained"]:
                 assert r["judge"] == 0.0
     # naive RAG: every chunk of the small index is scored, so top-5 equals a brute-force ranking
@@ -148,3 +148,26 @@ def test_eval_cli_bad_input(small_index, questions_file, tmp_path):
     assert result.returncode == 2 and "unknown method ['graphrag']" in result.stderr
     result = qcg("eval", "--dataset", "jsonl", "--data", questions_file, "--index", tmp_path, "--out", tmp_path / "o")
     assert result.returncode == 2 and "is not a qcg index" in result.stderr
+
+
+class Unreachable:
+    """An LLM whose every request fails (a server that is down), and that must not be asked to judge."""
+
+    model_name = "down"
+
+    def __init__(self):
+        self.asked = 0
+
+    def chat(self, conversations, sampling, progress=True):
+        self.asked += 1
+        return [Completion(error="APIConnectionError: connection refused") for _ in conversations]
+
+
+def test_failed_answers_count_as_incorrect_never_as_abstentions(small_index, questions_file, embedder):
+    llm = Unreachable()
+    harness = Harness(QCGIndex.load(small_index), load_dataset("jsonl", questions_file), embedder, RetrievalConfig(gamma=1.0),
+                      llm=llm, progress=False)
+    records = harness.run(EvalConfig(methods="naive")).records
+    assert llm.asked == 1  # one batched answering call, no judge call for failed answers
+    assert all(r["error"].startswith("APIConnectionError") and not r["abstained"] for r in records)
+    assert [r["judge"] for r in records] == [0.0, 0.0, 0.0]  # the Null question too

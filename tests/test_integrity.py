@@ -15,19 +15,14 @@ from qcg_gpu.errors import QCGError
 from qcg_gpu.index_format import _sha256, data_dir
 from qcg_gpu.retrieval import QCGIndex
 
-from .test_cli_openai import qcg
+from .conftest import qcg, sample_docs
 
 
 @pytest.fixture(scope="module")
 def sound_index(tmp_path_factory, embedder):
     """A real sentence-node index (no LLM needed) of four LiHuaWorld chat logs."""
-    from .conftest import SAMPLE_DOCS
-
     root = tmp_path_factory.mktemp("integrity")
-    docs = root / "docs"
-    docs.mkdir()
-    for path in sorted((SAMPLE_DOCS / "week1").glob("*.txt"))[:4]:
-        shutil.copy(path, docs / path.name)
+    docs = sample_docs(root / "docs", 4)
     config = IndexConfig()
     config.nodes.nodes, config.nodes.device = "sentence", "cpu"
     build_index(docs, root / "index", config, embedder=embedder, progress=False)

@@ -11,7 +11,7 @@ from qcg_gpu.chunking import load_tokenizer
 from qcg_gpu.index_format import data_dir, load_array, load_table
 from qcg_gpu.retrieval import RetrievalConfig, Retriever
 
-from .test_cli_openai import qcg
+from .conftest import qcg
 
 pytestmark = pytest.mark.llm
 

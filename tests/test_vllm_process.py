@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from .test_cli_openai import qcg
+from .conftest import qcg
 
 pytestmark = pytest.mark.llm
 

@@ -1,0 +1,100 @@
+"""The OpenAI-compatible backend against HTTP faults: a proxy on loopback answers some requests with
+429, 500 or a stall past the timeout, and forwards the rest to the real vLLM server."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from qcg_gpu.index_format import read_manifest
+
+from .conftest import qcg
+
+pytestmark = pytest.mark.llm
+
+
+class FaultyProxy:
+    """``plan(n, body)`` -> None to forward request n, or a fault: an HTTP status, or "stall"."""
+
+    def __init__(self, upstream: str, plan):
+        self.upstream, self.plan, self.seen, self.lock = upstream, plan, [], threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                with proxy.lock:
+                    n = len(proxy.seen)
+                    fault = proxy.plan(n, body)
+                    proxy.seen.append(fault)
+                if fault == "stall":
+                    time.sleep(4)  # past the client's timeout
+                    fault = 500
+                if fault is not None:
+                    self.send_response(fault)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Retry-After", "0")
+                    self.end_headers()
+                    self.wfile.write(b'{"error": {"message": "injected fault"}}')
+                    return
+                request = urllib.request.Request(proxy.upstream + self.path.removeprefix("/v1"), data=body,
+                                                 headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(request, timeout=300) as reply:
+                    payload = reply.read()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def close(self):
+        self.server.shutdown()
+
+
+def _index(proxy, docs, out, cache, *extra):
+    return qcg("index", docs, out, "--backend", "openai", "--base-url", proxy.url, "--model", "smollm2", "--m", 3,
+               "--concurrency", 2, "--request-timeout", 2, "--cache", cache, "--quiet", *extra)
+
+
+def test_429_500_and_timeouts_are_retried(vllm_server, few_docs, tmp_path):
+    faults = {0: 429, 1: 500, 2: "stall", 3: 429}
+    proxy = FaultyProxy(vllm_server, lambda n, body: faults.get(n))
+    try:
+        result = _index(proxy, few_docs, tmp_path / "idx", tmp_path / "cache.sqlite", "--max-retries", 4)
+    finally:
+        proxy.close()
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "4 chunks generated" in result.stdout and "FAILED" not in result.stdout
+    assert proxy.seen[:4] == [429, 500, "stall", 429] and proxy.seen.count(None) == 4  # every chunk got through once
+
+
+def test_a_chunk_that_keeps_failing_is_listed_and_retried_on_the_next_run(vllm_server, few_docs, tmp_path):
+    first_doc = sorted(few_docs.glob("*.txt"))[0].read_text().splitlines()[1][:40]  # a line only chunk 0 holds
+    broken = FaultyProxy(vllm_server, lambda n, body: 500 if first_doc in json.loads(body)["messages"][-1]["content"] else None)
+    try:
+        result = _index(broken, few_docs, tmp_path / "idx", tmp_path / "cache.sqlite", "--max-retries", 1)
+    finally:
+        broken.close()
+    assert result.returncode == 3, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "FAILED chunks (no LLM reply; rerun to retry): [0]" in result.stdout and "InternalServerError" in result.stdout
+    assert read_manifest(tmp_path / "idx")["failed_chunks"][0][0] == 0
+    assert broken.seen.count(500) == 2  # the request and its one retry
+
+    healthy = FaultyProxy(vllm_server, lambda n, body: None)
+    try:
+        rerun = _index(healthy, few_docs, tmp_path / "idx", tmp_path / "cache.sqlite", "--overwrite")
+    finally:
+        healthy.close()
+    assert rerun.returncode == 0 and "1 chunks generated, 3 from cache" in rerun.stdout
+    assert len(healthy.seen) == 1
