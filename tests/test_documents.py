@@ -105,3 +105,45 @@ def test_unsupported_input(tmp_path):
     path.write_text("a,b")
     with pytest.raises(QCGError, match="unsupported input"):
         _read(path)
+
+
+def test_dangling_symlink_is_skipped_as_unreadable(tmp_path):
+    (tmp_path / "good.txt").write_text("fine")
+    (tmp_path / "gone.txt").symlink_to(tmp_path / "deleted.txt")  # unreadable even for root
+    docs, skips = _read(tmp_path)
+    assert list(docs) == ["good"] and skips["gone"].startswith("unreadable")
+
+
+def test_a_200_mb_document_streams_in_bounded_pieces(tmp_path):
+    import tracemalloc
+
+    from qcg_gpu.documents import MAX_PIECE_CHARS, READ_BLOCK_BYTES
+
+    line = "Li Hua: the parcel room opens at nine and closes at five on weekdays.\n"
+    with open(tmp_path / "huge.txt", "w") as fh:
+        for _ in range(200):
+            fh.write(line * ((1 << 20) // len(line)))
+    [doc] = read_documents(tmp_path, SkipLog())
+    tracemalloc.start()
+    total, longest = 0, 0
+    for piece in doc.pieces():
+        total, longest = total + len(piece), max(longest, len(piece))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert total == (tmp_path / "huge.txt").stat().st_size > 199 << 20
+    assert longest <= READ_BLOCK_BYTES + len(line) < MAX_PIECE_CHARS
+    assert peak < 32 << 20  # never the whole document in memory
+
+
+def test_100k_tiny_documents(tmp_path):
+    from qcg_gpu.chunking import chunk_document, load_tokenizer
+    from qcg_gpu.config import ChunkingConfig
+
+    with open(tmp_path / "tiny.jsonl", "w") as fh:
+        for i in range(100_000):
+            fh.write(json.dumps({"doc_id": f"d{i}", "text": f"note {i}: buy milk"}) + "\n")
+    tokenizer, config = load_tokenizer("cl100k_base"), ChunkingConfig()
+    chunks = [c for doc in read_documents(tmp_path / "tiny.jsonl", SkipLog())
+              for c in chunk_document(doc.doc_id, doc.pieces(), tokenizer, config)]
+    assert len(chunks) == 100_000 and len({c.doc_id for c in chunks}) == 100_000
+    assert chunks[-1].text == "note 99999: buy milk"
