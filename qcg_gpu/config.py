@@ -6,6 +6,7 @@ Each field's ``help`` is written once here and reused as CLI help
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -77,6 +78,8 @@ class GenerationConfig:
     def validate(self) -> None:
         if self.m < 1:
             raise QCGError(f"m must be >= 1, got {self.m}")
+        if self.replies_in and not os.path.isfile(self.replies_in):
+            raise QCGError(f"stored replies file not found: {self.replies_in}")
         if self.backend == "openai" and not self.base_url:
             raise QCGError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
         if self.backend == "openai" and not self.model:

@@ -47,6 +47,7 @@ def test_unreachable_server_fails_chunks_not_the_run(few_docs, tmp_path):
         (["{docs}", "{tmp}/out", "--chunk-overlap", "2000"], "chunk_overlap must be in [0, chunk_tokens)"),
         (["{docs}", "{tmp}/out", "--alpha", "1.5"], "alpha must be in (0, 1]"),
         (["{docs}", "{tmp}/out", "--backend", "openai"], "--backend openai needs --base-url"),
+        (["{docs}", "{tmp}/out", "--replies-in", "{tmp}/none.parquet"], "stored replies file not found"),
         (["{docs}", "{tmp}"], "already exists; pass --overwrite"),
     ],
 )
