@@ -15,6 +15,7 @@ from qcg_gpu.index_format import read_manifest
 from .conftest import qcg
 
 pytestmark = pytest.mark.llm
+TIMEOUT_S = 20  # the client's request timeout: well above a real request's few seconds here
 
 
 class FaultyProxy:
@@ -32,8 +33,8 @@ class FaultyProxy:
                     fault = proxy.plan(n, body)
                     proxy.seen.append(fault)
                 if fault == "stall":
-                    time.sleep(4)  # past the client's timeout
-                    fault = 500
+                    time.sleep(TIMEOUT_S + 5)  # past the client's timeout; then hang up without a reply
+                    return
                 if fault is not None:
                     self.send_response(fault)
                     self.send_header("Content-Type", "application/json")
@@ -64,7 +65,7 @@ class FaultyProxy:
 
 def _index(proxy, docs, out, cache, *extra):
     return qcg("index", docs, out, "--backend", "openai", "--base-url", proxy.url, "--model", "smollm2", "--m", 3,
-               "--concurrency", 2, "--request-timeout", 2, "--cache", cache, "--quiet", *extra)
+               "--concurrency", 2, "--request-timeout", TIMEOUT_S, "--cache", cache, "--quiet", *extra)
 
 
 def test_429_500_and_timeouts_are_retried(vllm_server, few_docs, tmp_path):
