@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 
 from qcg_gpu import build_index
 from qcg_gpu.config import IndexConfig
@@ -17,7 +18,7 @@ READER = textwrap.dedent("""
     import numpy as np
     from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever
 
-    root, stop = Path(sys.argv[1]), Path(sys.argv[2])
+    root, stop, ready = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
     queries = np.random.default_rng(0).standard_normal((8, 384)).astype(np.float32)
     seen, loads = set(), 0
     while not stop.exists():
@@ -29,6 +30,7 @@ READER = textwrap.dedent("""
         assert result.chunk_ids.max() < chunks.num_rows
         seen.add(chunks.num_rows)
         loads += 1
+        ready.touch()
     print(loads, sorted(seen))
 """)
 
@@ -44,9 +46,14 @@ def test_readers_keep_a_consistent_version_while_rebuilds_publish(tmp_path, embe
     docs = sample_docs(tmp_path / "docs", 4)
     index, stop = tmp_path / "index", tmp_path / "stop"
     build_index(docs, index, _config(64), embedder=embedder, progress=False)
-    readers = [subprocess.Popen([sys.executable, "-c", READER, str(index), str(stop)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    ready = [tmp_path / f"ready{i}" for i in range(3)]
+    readers = [subprocess.Popen([sys.executable, "-c", READER, str(index), str(stop), str(flag)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for flag in ready]
     try:
+        deadline = time.monotonic() + 300
+        while not all(flag.exists() for flag in ready) and time.monotonic() < deadline:  # every reader is querying
+            assert all(reader.poll() is None for reader in readers), "a reader died before its first query"
+            time.sleep(0.1)
         for round_ in range(6):  # alternate chunk sizes, so versions differ in their chunk counts
             build_index(docs, index, _config(200 if round_ % 2 == 0 else 64), overwrite=True, embedder=embedder, progress=False)
     finally:
