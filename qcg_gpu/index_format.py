@@ -3,9 +3,9 @@ directory it names (see README, "Index format").
 
 Publishing is atomic and readers are never disturbed: a new version's files go into a fresh
 ``v-<id>/`` directory, and only then does ``manifest.json`` (replaced with one rename) point
-to it. A reader that loaded a version keeps reading that version (its files stay until the
-version after next is published), so a rebuild next to running queries changes nothing for
-them. A new index is assembled in a hidden sibling directory and renamed into place.
+to it. A reader that loaded a version keeps reading that version (its files stay for at least
+RETAIN_SECONDS after it is superseded), so a rebuild next to running queries changes nothing
+for them. A new index is assembled in a hidden sibling directory and renamed into place.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from .errors import QCGError
 
 FORMAT_VERSION = 2  # 2: files in the version directory named by manifest["data_dir"]; 1: files next to the manifest
 READABLE_VERSIONS = (1, 2)
+RETAIN_SECONDS = 600.0  # a superseded version stays this long at least, for readers still using it
+SUPERSEDED = ".superseded"
 MANIFEST = "manifest.json"
 TABLES = ("chunks", "pairs", "nodes")
 ARRAYS = ("node_embeddings", "chunk_embeddings", "pair_embeddings", "knn_indptr", "knn_indices", "knn_scores")
@@ -83,15 +86,20 @@ class IndexWriter:
             os.replace(self.root, self.out)
             for leftover in self.out.parent.glob(f".{self.out.name}.tmp-v-*"):  # of runs killed before publishing
                 shutil.rmtree(leftover, ignore_errors=True)
+        if previous and previous != "." and (self.out / previous).is_dir():
+            (self.out / previous / SUPERSEDED).touch()  # readers of it get RETAIN_SECONDS from now
         self._drop_old_versions(keep={self.version, previous})
         return self.out
 
     def _drop_old_versions(self, keep: set) -> None:
-        """Versions before the previous one, and format-1 files at the top; the previous version
-        stays for readers that are still using it."""
+        """Versions superseded more than RETAIN_SECONDS ago, versions never published (a killed
+        writer's), and format-1 files at the top once a format-2 version has replaced them twice."""
+        now = time.time()
         for path in self.out.iterdir():
             if path.is_dir() and path.name.startswith("v-") and path.name not in keep:
-                shutil.rmtree(path, ignore_errors=True)
+                marker = path / SUPERSEDED
+                if not marker.exists() or now - marker.stat().st_mtime >= RETAIN_SECONDS:
+                    shutil.rmtree(path, ignore_errors=True)
             elif path.is_file() and path.suffix in (".npy", ".parquet") and "." not in keep:
                 path.unlink(missing_ok=True)
 

@@ -45,7 +45,7 @@ def test_failure_while_writing_keeps_the_previous_index(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["idx"]
 
 
-def test_overwrite_publishes_a_new_version_and_keeps_the_previous_one(tmp_path):
+def test_overwrite_publishes_a_new_version_and_keeps_the_previous_one(tmp_path, monkeypatch):
     out = tmp_path / "idx"
     _write(out, 1)
     first = data_dir(out)
@@ -54,7 +54,10 @@ def test_overwrite_publishes_a_new_version_and_keeps_the_previous_one(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["idx"]
     assert load_array(first, "knn_indptr").tolist() == [1]  # a reader pinned to version 1 still reads it
     _write(out, 3)
-    assert not first.exists()  # the version before the previous one is gone
+    assert first.exists()  # superseded less than RETAIN_SECONDS ago: still there for its readers
+    monkeypatch.setattr(index_format, "RETAIN_SECONDS", 0.0)
+    _write(out, 4)
+    assert not first.exists()
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == sorted([data_dir(out).name, _previous(out)])
 
 
@@ -81,11 +84,11 @@ def test_killed_writer_leaves_nothing_visible_and_is_cleaned_up(tmp_path):
     assert not out.exists()
     _write(out, 2)
     assert [p.name for p in tmp_path.iterdir()] == ["idx"]
-    IndexWriter(out).write_array("knn_indptr", np.array([3]))  # a replacement, never committed
+    orphan = IndexWriter(out)  # a replacement, never committed
+    orphan.write_array("knn_indptr", np.array([3]))
     assert load_array(out, "knn_indptr").tolist() == [2]
     _write(out, 4)
-    _write(out, 5)
-    assert len([p for p in out.iterdir() if p.is_dir()]) == 2  # the orphan version was dropped
+    assert not orphan.data.exists()  # a version never published has no readers: dropped at once
 
 
 def test_refusals(tmp_path):
