@@ -68,8 +68,8 @@ def _table_problems(tables: dict, counts: dict) -> list[str]:
         problems.append(f"chunks.parquet has {chunks.num_rows} rows / chunk ids not 0..n-1 (manifest: {counts['chunks']} chunks)")
     if pairs.num_rows != counts["pairs_valid"]:
         problems.append(f"pairs.parquet has {pairs.num_rows} rows, manifest says {counts['pairs_valid']} valid pairs")
-    elif pairs.num_rows and sum(pairs.column("kept").to_pylist()) != counts["pairs_kept"]:
-        problems.append(f"pairs.parquet keeps {sum(pairs.column('kept').to_pylist())} pairs, manifest says {counts['pairs_kept']}")
+    elif pairs.num_rows and (kept := sum(pairs.column("kept").to_pylist())) != counts["pairs_kept"]:
+        problems.append(f"pairs.parquet keeps {kept} pairs, manifest says {counts['pairs_kept']}")
     if nodes.num_rows != counts["nodes"]:
         problems.append(f"nodes.parquet has {nodes.num_rows} rows, manifest says {counts['nodes']} nodes")
     for name, table in (("pairs", pairs), ("nodes", nodes)):

@@ -209,7 +209,8 @@ def run_eval(args) -> int:
     evalset.questions = config.select(evalset.questions)
     index = QCGIndex.load(args.index, verify=not args.no_verify)
     evalset.problems += _evidence_outside(index, evalset)
-    compared = {label: QCGIndex.load(path, verify=not args.no_verify) for label, path in _labelled(args.compare_index)}
+    compare_paths = dict(_labelled(args.compare_index))
+    compared = {label: QCGIndex.load(path, verify=not args.no_verify) for label, path in compare_paths.items()}
     for label, other in compared.items():
         evalset.problems += [f"[{label}] {p}" for p in _evidence_outside(other, evalset)]
     llm = judge_llm = None
@@ -230,7 +231,7 @@ def run_eval(args) -> int:
         evaluation.add(harness(other).run(dataclasses.replace(config, sweeps="")), label)
     header = {
         "dataset": f"{args.dataset} ({args.data})", "index": args.index,
-        **{f"index @{label}": path for label, path in _labelled(args.compare_index)},
+        **{f"index @{label}": path for label, path in compare_paths.items()},
         "index LLM": index.manifest["models"]["llm"], "embedder": index.manifest["models"]["embedder"],
         "answering LLM": llm.model_name if llm else "none (retrieval metrics only)",
         "judge LLM": (judge_llm or llm).model_name if llm and config.judge else "none",
