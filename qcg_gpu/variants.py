@@ -12,6 +12,7 @@ from typing import Optional
 
 import numpy as np
 
+from .config import GraphConfig, NodeConfig
 from .doc2query_minus import keep_mask
 from .embedding import Embedder
 from .errors import QCGError
@@ -27,8 +28,8 @@ def derive_index(index: QCGIndex, *, alpha: Optional[float] = None, knn_k: Optio
     alpha = settings["nodes"]["alpha"] if alpha is None else alpha
     knn_k = settings["graph"]["knn_k"] if knn_k is None else knn_k
     nodes = settings["nodes"]["nodes"] if nodes is None else nodes
-    if not 0 < alpha <= 1 or knn_k < 1:
-        raise QCGError(f"alpha must be in (0, 1] and k >= 1, got alpha={alpha}, k={knn_k}")
+    NodeConfig(alpha=alpha, nodes=nodes).validate()  # the index builder's own checks and messages
+    GraphConfig(knn_k=knn_k).validate()
     own = settings["nodes"]
     if nodes == own["nodes"] and (nodes == "sentence" or alpha == own["alpha"]):
         node_emb, node_chunk = index.node_embeddings, index.node_chunk  # same nodes: only the graph changes
