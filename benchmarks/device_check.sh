@@ -11,5 +11,5 @@ python -m pip install --quiet --no-deps --no-build-isolation -e . >/dev/null 2>&
 python -m pip install --quiet pyarrow pytest >/dev/null 2>&1 || true
 nvidia-smi -L | tee "$OUT/device.txt"
 timeout 240 python -m pytest -q tests/test_retrieval.py tests/test_knn.py -k "not real_embeddings" 2>&1 | tail -15 | tee "$OUT/device_tests.txt"
-timeout 300 python benchmarks/bench_retrieval.py --device cuda --backends torch --nodes 100000 1000000 --batch 1000 10000 \
+timeout 300 python benchmarks/bench_retrieval.py --device cuda --backends torch:off torch:bf16 --nodes 100000 1000000 --batch 1000 10000 --repeat 2 \
   --loop-queries 50 --out "$OUT/bench_retrieval_gpu.json" 2>&1 | tail -20 | tee "$OUT/device_bench.txt"

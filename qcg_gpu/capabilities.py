@@ -62,5 +62,17 @@ def faiss_gpus() -> int:
     return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
 
 
+@functools.lru_cache(maxsize=None)
+def cpu_has_fast_bf16() -> bool:
+    """True when the CPU multiplies bf16 in hardware (AMX or AVX512-BF16): bf16 GEMMs then run
+    several times faster than float32 (elsewhere they are emulated and slower)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
 def default_device() -> str:
     return "cuda" if with_cuda() else "cpu"

@@ -3,6 +3,8 @@ plus sparse steps, on one of two backends with identical results:
 
 * ``numpy``: BLAS GEMM per query tile, then the numba kernels in ``qcg_gpu.kernels``
   (fused threshold/top-n seed selection; fused expansion + gather-dot + chunk mean + top-K);
+  on CPUs with fast bf16 (AMX) the GEMM runs in bf16 as a prefilter and the candidates it
+  keeps are rescored exactly, so the seeds are the float32 path's (``prefilter``);
 * ``torch``: the same steps as dense tensor operations (topk, gathers over the fixed-degree
   kNN table, sort-based segment means); CUDA when present, CPU tensors otherwise.
 
@@ -10,6 +12,7 @@ The B x N similarity matrix is never materialised beyond one tile of queries.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from .capabilities import default_device, require, with_cuda
+from .capabilities import WITH_TORCH, cpu_has_fast_bf16, default_device, require, with_cuda
 from .config import option
 from .errors import QCGError
 from .index_format import csr_problems, data_dir, load_array, load_table, read_manifest
@@ -41,6 +44,11 @@ class RetrievalConfig:
         flag="--retrieval-backend",
     )
     device: Optional[str] = option(None, "Torch device for the torch backend (default: cuda when present, else cpu).", flag="--retrieval-device")
+    prefilter: str = option(
+        "auto", "bf16 similarity GEMM as a prefilter with exact rescoring of the candidates (same seeds; several "
+        "times faster on GPUs and on CPUs with AMX); auto = where the hardware has fast bf16.",
+        ("auto", "bf16", "off"),
+    )
 
     def validate(self) -> "RetrievalConfig":
         if not 0.0 <= self.gamma <= 2.0:
@@ -55,6 +63,14 @@ class RetrievalConfig:
         if self.backend != "auto":
             return self.backend
         return "torch" if with_cuda() else "numpy"
+
+    def resolved_prefilter(self, device: str = "cpu") -> bool:
+        """auto: bf16 where it is fast, i.e. CUDA GPUs with bf16 tensor cores (Ampere on) and CPUs with AMX/AVX512-BF16."""
+        if self.prefilter != "auto":
+            return self.prefilter == "bf16"
+        if self.resolved_backend() == "torch" and device.startswith("cuda"):
+            return require("torch").cuda.get_device_capability(device)[0] >= 8
+        return self.resolved_backend() == "numpy" and WITH_TORCH and cpu_has_fast_bf16()
 
 
 def seed_threshold(gamma: float) -> np.float32:
@@ -154,9 +170,10 @@ class Retriever:
         self.config = (config or RetrievalConfig()).validate()
         self.backend = self.config.resolved_backend()
         if self.backend == "torch":
-            self._impl = _TorchBackend(self.index, self.config.device or default_device())
+            device = self.config.device or default_device()
+            self._impl = _TorchBackend(self.index, device, self.config.resolved_prefilter(device))
         elif self.backend == "numpy":
-            self._impl = _NumpyBackend(self.index)
+            self._impl = _NumpyBackend(self.index, self.config.resolved_prefilter())
         else:
             raise QCGError(f"unknown retrieval backend {self.backend!r}")
 
@@ -180,24 +197,25 @@ def _empty_result(b: int, config: RetrievalConfig) -> RetrievalResult:
 
 
 class _NumpyBackend:
-    def __init__(self, index: QCGIndex):
+    def __init__(self, index: QCGIndex, prefilter: bool = False):
         import numba
 
         from .kernels import expand_cpu, seeds_cpu
 
         self.index, self._seeds, self._expand = index, seeds_cpu.top_n_above, expand_cpu.expand_and_rank
         self._threads = numba.get_num_threads
+        self._buffer = None  # float32 similarity tile, reused: no page faults per tile
+        self.prefilter = _Bf16Prefilter(index.node_embeddings) if prefilter and len(index.node_embeddings) else None
 
     def search(self, q: np.ndarray, config: RetrievalConfig) -> RetrievalResult:
         index, out = self.index, _empty_result(len(q), config)
         if len(index.node_embeddings) == 0:
             return out
-        threshold, rows = seed_threshold(config.gamma), _tile_rows(len(index.node_embeddings))
-        buffer = np.empty((min(rows, len(q)), len(index.node_embeddings)), np.float32)  # reused: no page faults per tile
+        threshold, n = seed_threshold(config.gamma), min(config.n, len(index.node_embeddings))
+        rows = self.prefilter.rows if self.prefilter else _tile_rows(len(index.node_embeddings))
         for start in range(0, len(q), rows):
             tile = q[start : start + rows]
-            sims = np.matmul(tile, index.node_embeddings.T, out=buffer[: len(tile)])  # the GEMM: (rows, N) float32
-            ids, vals = self._seeds(sims, threshold, min(config.n, sims.shape[1]))
+            ids, vals = self.prefilter.seeds(tile, threshold, n) if self.prefilter else self.exact_seeds(tile, threshold, n)
             part = slice(start, start + len(tile))
             out.seed_ids[part, : ids.shape[1]], out.seed_sims[part, : ids.shape[1]] = ids, vals
             out.chunk_ids[part], out.scores[part], out.n_selected[part] = self._expand(
@@ -206,9 +224,88 @@ class _NumpyBackend:
             )
         return out
 
+    @property
+    def fallback_rows(self) -> int:
+        return self.prefilter.fallback_rows if self.prefilter else 0
+
+    def exact_seeds(self, tile: np.ndarray, threshold: np.float32, n: int):
+        """float32 GEMM of the tile against every node, then the fused threshold/top-n pass."""
+        if self._buffer is None or self._buffer.shape[0] < len(tile):
+            self._buffer = np.empty((len(tile), len(self.index.node_embeddings)), np.float32)
+        sims = np.matmul(tile, self.index.node_embeddings.T, out=self._buffer[: len(tile)])
+        return self._seeds(sims, threshold, n)
+
+
+BF16_UNIT_ROUNDOFF = 2.0**-8
+BF16_TILE = (512, 8192)  # queries x nodes per bf16 GEMM on CPU: 8 MiB of output, measured fastest with AMX
+
+
+def bf16_rounding(nodes: np.ndarray, nodes_bf16) -> tuple[float, float]:
+    """max |u| and max |u - bf16(u)| over the nodes (float64, in blocks): the node side of the bound."""
+    norm = residual = 0.0
+    for start in range(0, len(nodes), 65536):
+        exact = np.asarray(nodes[start : start + 65536], np.float64)
+        rounded = nodes_bf16[start : start + 65536].double().cpu().numpy()
+        norm = max(norm, float(np.linalg.norm(exact, axis=1).max()))
+        residual = max(residual, float(np.linalg.norm(exact - rounded, axis=1).max()))
+    return norm, residual
+
+
+def bf16_error_bound(q_norm, q_residual, q_rounded_norm, node_norm: float, node_residual: float, dim: int):
+    """Per query, a bound on |q.u - bf16_gemm(q, u)| over every node u (numpy arrays or tensors):
+    |q.u - q~.u~| <= |q| |u - u~| + |q - q~| |u~|, plus the float32 accumulation of d products
+    and the rounding of the output to bf16 (relative 2^-8), with 1e-6 to spare."""
+    gemm = q_rounded_norm * (node_norm + node_residual)  # >= |q~.u~|
+    bound = q_norm * node_residual + q_residual * (node_norm + node_residual)
+    return bound + gemm * (dim * 2.0**-24 + BF16_UNIT_ROUNDOFF * (1 + dim * 2.0**-24)) + 1e-6
+
+
+class _Bf16Prefilter:
+    """Exact seeds from a bf16 GEMM on CPU (kernels/prefilter_cpu.py): candidates within the
+    rounding bound of the n best are rescored exactly; rows with too many near-ties fall back to float32."""
+
+    rows = BF16_TILE[0]
+
+    def __init__(self, nodes: np.ndarray):
+        from .kernels import prefilter_cpu, seeds_cpu
+
+        self.torch = torch = require("torch")
+        self.kernels, self.nodes = prefilter_cpu, nodes
+        self.nodes_bf16 = torch.from_numpy(np.ascontiguousarray(nodes)).bfloat16()
+        self.node_norm, self.node_residual = bf16_rounding(nodes, self.nodes_bf16)
+        self._fallback = seeds_cpu.top_n_above
+        self.fallback_rows = 0  # queries whose near-ties overflowed the candidates (float32 path instead)
+
+    def error_bound(self, tile: np.ndarray, tile_bf16) -> np.ndarray:
+        exact, rounded = tile.astype(np.float64), tile_bf16.double().numpy()
+        return bf16_error_bound(np.linalg.norm(exact, axis=1), np.linalg.norm(exact - rounded, axis=1),
+                                np.linalg.norm(rounded, axis=1), self.node_norm, self.node_residual, tile.shape[1]).astype(np.float32)
+
+    def seeds(self, tile: np.ndarray, threshold: np.float32, n: int):
+        torch, k = self.torch, self.kernels
+        tile_bf16 = torch.from_numpy(tile).bfloat16()
+        eps = self.error_bound(tile, tile_bf16)
+        rows, capacity = len(tile), 4 * n + 256
+        cand_ids, cand_vals = np.empty((rows, capacity), np.int64), np.empty((rows, capacity), np.float32)
+        counts, overflow = np.zeros(rows, np.int64), np.zeros(rows, np.bool_)
+        best = np.full((rows, n), -np.inf, np.float32)
+        t_minus_eps = (threshold - eps).astype(np.float32)
+        out = torch.empty((rows, BF16_TILE[1]), dtype=torch.bfloat16)
+        for col0 in range(0, len(self.nodes), BF16_TILE[1]):
+            block = self.nodes_bf16[col0 : col0 + BF16_TILE[1]]
+            approx = torch.mm(tile_bf16, block.T, out=out if len(block) == out.shape[1] else None)
+            k.scan_block(approx.view(torch.int16).numpy(), col0, t_minus_eps, eps, n,
+                         cand_ids, cand_vals, counts, best, overflow, k.VALUES)
+        ids, vals = k.rescore(tile, self.nodes, threshold, eps, n, cand_ids, cand_vals, counts, best, overflow)
+        if overflow.any():
+            flagged = np.flatnonzero(overflow)
+            self.fallback_rows += len(flagged)
+            ids[flagged], vals[flagged] = self._fallback(tile[flagged] @ self.nodes.T, threshold, n)
+        return ids, vals
+
 
 class _TorchBackend:
-    def __init__(self, index: QCGIndex, device: str):
+    def __init__(self, index: QCGIndex, device: str, prefilter: bool = False):
         self.torch = torch = require("torch")
         self.index, self.device = index, torch.device(device)
         n = len(index.node_embeddings)
@@ -222,6 +319,10 @@ class _TorchBackend:
         self.neighbors = torch.cat([self.neighbors, torch.full((1, self.k), n, device=self.device, dtype=torch.int64)])
         self.nodes_padded = torch.cat([self.nodes, torch.zeros((1, index.dim), device=self.device)])
         self.node_chunk = torch.from_numpy(np.r_[index.node_chunk, index.n_chunks]).to(self.device)
+        self.nodes_bf16 = self.nodes.bfloat16() if prefilter and n else None
+        if self.nodes_bf16 is not None:
+            self.node_norm, self.node_residual = bf16_rounding(index.node_embeddings, self.nodes_bf16)
+        self.fallback_rows = 0  # queries whose candidates did not fit the prefilter's top-k (float32 path instead)
 
     def search(self, q: np.ndarray, config: RetrievalConfig) -> RetrievalResult:
         torch, index, out = self.torch, self.index, _empty_result(len(q), config)
@@ -235,7 +336,11 @@ class _TorchBackend:
             for start in range(0, len(q), rows):
                 tile = torch.from_numpy(q[start : start + rows]).to(self.device)
                 part = slice(start, start + len(tile))
-                seed_ids, seed_sims = self._seeds(tile @ self.nodes.T, threshold, min(config.n, n_nodes))
+                n = min(config.n, n_nodes)
+                if self.nodes_bf16 is not None:
+                    seed_ids, seed_sims = self._seeds_bf16(tile, threshold, n)
+                else:
+                    seed_ids, seed_sims = self._seeds(tile @ self.nodes.T, threshold, n)
                 out.seed_ids[part, : seed_ids.shape[1]] = seed_ids.cpu().numpy()
                 out.seed_sims[part, : seed_ids.shape[1]] = seed_sims.cpu().numpy()
                 selected = self._expand(seed_ids, config.hops)
@@ -262,6 +367,35 @@ class _TorchBackend:
         ids, vals = ids[:, :n], vals[:, :n]
         keep = vals >= threshold
         return torch.where(keep, ids, -1), torch.where(keep, vals, torch.full_like(vals, -float("inf")))
+
+    def _seeds_bf16(self, tile, threshold: float, n: int):
+        """Exact seeds from a bf16 GEMM: the top n + margin approximations hold every node that can
+        be a seed when the last of them is below max(t, a_n - eps) - eps (see kernels/prefilter_cpu.py);
+        those are rescored in float32, other rows take the float32 path."""
+        torch = self.torch
+        tile_bf16 = tile.bfloat16()
+        with _float32_accumulation(torch):
+            approx = tile_bf16 @ self.nodes_bf16.T
+        exact64, rounded64 = tile.double(), tile_bf16.double()
+        eps = bf16_error_bound(exact64.norm(dim=1), (exact64 - rounded64).norm(dim=1), rounded64.norm(dim=1),
+                               self.node_norm, self.node_residual, tile.shape[1]).float()
+        width = min(approx.shape[1], n + TOPK_MARGIN * 8)
+        vals, ids = approx.topk(width, dim=1)
+        vals = vals.float()
+        floor = torch.maximum(threshold - eps, vals[:, n - 1] - 2 * eps)
+        complete = (vals[:, -1] < floor) | (width == approx.shape[1])
+        sims = torch.einsum("bwd,bd->bw", self.nodes[ids], tile)
+        sims = torch.where((vals >= floor[:, None]) & (sims >= threshold), sims, -float("inf"))
+        by_id = ids.argsort(dim=1)  # rank by (sim desc, id asc)
+        ids, sims = ids.gather(1, by_id), sims.gather(1, by_id)
+        order = sims.argsort(dim=1, descending=True, stable=True)[:, :n]
+        ids, sims = ids.gather(1, order), sims.gather(1, order)
+        ids = torch.where(torch.isfinite(sims), ids, -1)
+        if not complete.all():
+            rows = torch.nonzero(~complete).flatten()
+            self.fallback_rows += len(rows)
+            ids[rows], sims[rows] = self._seeds(tile[rows] @ self.nodes.T, threshold, n)
+        return ids, sims
 
     def _expand(self, seed_ids, hops: int):
         """Q* per row as node ids (sorted, unique), padding = N."""
@@ -295,6 +429,18 @@ class _TorchBackend:
             best = torch.cat([best, torch.full((len(best), pad), n_chunks, device=best.device)], 1)
             scores = torch.cat([scores, torch.full((len(best), pad), -float("inf"), device=best.device)], 1)
         return torch.where(torch.isfinite(scores), best, -1), scores
+
+
+@contextlib.contextmanager
+def _float32_accumulation(torch):
+    """cuBLAS may reduce bf16 GEMMs in bf16 by default; the prefilter's error bound assumes float32 sums."""
+    matmul = torch.backends.cuda.matmul
+    saved = matmul.allow_bf16_reduced_precision_reduction
+    matmul.allow_bf16_reduced_precision_reduction = False
+    try:
+        yield
+    finally:
+        matmul.allow_bf16_reduced_precision_reduction = saved
 
 
 def _unique_rows(torch, ids, pad: int):

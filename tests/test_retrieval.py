@@ -11,7 +11,10 @@ from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever, check_querie
 from .conftest import DEVICES
 from .reference import reference_search
 
-BACKENDS = [("numpy", None)] + ([("torch", d) for d in DEVICES] if WITH_TORCH else [])
+BACKENDS = [pytest.param({"backend": "numpy", "prefilter": "off"}, id="numpy")]
+BACKENDS += [pytest.param({"backend": "numpy", "prefilter": "bf16"}, id="numpy-bf16")] if WITH_TORCH else []
+BACKENDS += [pytest.param({"backend": "torch", "device": d, "prefilter": p}, id=f"torch-{d}-{p}")
+             for d in DEVICES for p in ("off", "bf16")] if WITH_TORCH else []
 
 
 def random_index(seed: int, n_nodes: int, dim: int, k: int, n_chunks: int) -> QCGIndex:
@@ -44,29 +47,29 @@ def assert_matches_reference(index, queries, result, config):
         assert result.n_selected[b] == len(selected)
 
 
-@pytest.mark.parametrize("backend,device", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_backends_match_reference_over_a_parameter_grid(backend, device, k):
+def test_backends_match_reference_over_a_parameter_grid(backend, k):
     index = random_index(k, 600, 32, k, n_chunks=90)
     queries = queries_for(index, k, 40)
-    retriever = Retriever(index, RetrievalConfig(backend=backend, device=device))
-    for hops, n, gamma, top_k in itertools.product([0, 1, 2], [1, 7, 20], [1.0, 1.5], [1, 5]):
-        config = RetrievalConfig(gamma=gamma, n=n, hops=hops, top_k=top_k, backend=backend, device=device)
+    retriever = Retriever(index, RetrievalConfig(**backend))
+    for hops, n, gamma, top_k in itertools.product([0, 1, 2], [1, 7, 20], [0.4, 1.0, 1.5], [1, 5]):
+        config = RetrievalConfig(gamma=gamma, n=n, hops=hops, top_k=top_k, **backend)
         assert_matches_reference(index, queries, retriever.search(queries, config), config)
 
 
-@pytest.mark.parametrize("backend,device", BACKENDS)
-def test_no_seed_above_threshold_gives_no_chunks(backend, device):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_no_seed_above_threshold_gives_no_chunks(backend):
     index = random_index(0, 200, 16, 2, 30)
     queries = queries_for(index, 0, 5)
-    result = Retriever(index, RetrievalConfig(gamma=2.0, backend=backend, device=device)).search(-queries * 0 + queries)
+    result = Retriever(index, RetrievalConfig(gamma=2.0, **backend)).search(-queries * 0 + queries)
     exact = (queries @ index.node_embeddings.T >= 1.0).any(axis=1)
     assert not exact.any()
     assert (result.chunk_ids == -1).all() and np.isneginf(result.scores).all() and (result.n_selected == 0).all()
 
 
-@pytest.mark.parametrize("backend,device", BACKENDS)
-def test_exact_ties_break_by_lower_ids(backend, device):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_exact_ties_break_by_lower_ids(backend):
     # entries of 0.5 on 4 of 16 axes: unit vectors whose dot products are exact, so ties are exact
     patterns = [(0, 1, 2, 3), (0, 1, 2, 4), (0, 1, 2, 5), (0, 1, 2, 6), (0, 1, 2, 3), (8, 9, 10, 11), (0, 1, 2, 3)]
     x = np.zeros((len(patterns), 16), np.float32)
@@ -76,7 +79,7 @@ def test_exact_ties_break_by_lower_ids(backend, device):
     node_chunk = np.array([3, 2, 1, 0, 4, 5, 4])
     index = QCGIndex(None, {}, x, graph.indptr, graph.indices, node_chunk, 6)
     query = x[:1].copy()  # sims: 1, .75, .75, .75, 1, 0, 1
-    config = RetrievalConfig(gamma=1.0, n=3, hops=0, top_k=6, backend=backend, device=device)
+    config = RetrievalConfig(gamma=1.0, n=3, hops=0, top_k=6, **backend)
     result = Retriever(index, config).search(query)
     assert result.seed_ids[0].tolist() == [0, 4, 6]  # the three exact matches, by id
     assert result.chunk_ids[0].tolist() == [3, 4, -1, -1, -1, -1]  # chunk 3 and 4 tie at 1.0: lower id first
@@ -86,11 +89,11 @@ def test_exact_ties_break_by_lower_ids(backend, device):
     assert result.chunk_ids[0].tolist()[:4] == [3, 4, 1, 2]
 
 
-@pytest.mark.parametrize("backend,device", BACKENDS)
-def test_chunk_reached_only_through_expansion(backend, device):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_chunk_reached_only_through_expansion(backend):
     index = random_index(3, 400, 24, 3, 120)
     queries = queries_for(index, 3, 30)
-    config = RetrievalConfig(gamma=1.5, n=3, hops=2, top_k=5, backend=backend, device=device)
+    config = RetrievalConfig(gamma=1.5, n=3, hops=2, top_k=5, **backend)
     result = Retriever(index, config).search(queries)
     assert_matches_reference(index, queries, result, config)
     seed_chunks = [set(index.node_chunk[s[s >= 0]].tolist()) for s in result.seed_ids]
@@ -98,16 +101,70 @@ def test_chunk_reached_only_through_expansion(backend, device):
     assert only_expanded  # such chunks exist and are ranked like the others
 
 
-@pytest.mark.parametrize("backend,device", BACKENDS)
-def test_tiny_indexes(backend, device):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tiny_indexes(backend):
     for n_nodes in (1, 2):
         x = np.eye(n_nodes, 4, dtype=np.float32)
         graph = knn_graph(x, 2)
         index = QCGIndex(None, {}, x, graph.indptr, graph.indices, np.zeros(n_nodes, np.int64), 1)
-        config = RetrievalConfig(gamma=1.0, n=5, hops=2, top_k=3, backend=backend, device=device)
+        config = RetrievalConfig(gamma=1.0, n=5, hops=2, top_k=3, **backend)
         result = Retriever(index, config).search(x[:1])
         assert result.chunk_ids[0].tolist() == [0, -1, -1]
         assert result.n_selected[0] == n_nodes
+
+
+PREFILTERS = [p for p in BACKENDS if p.values[0].get("prefilter") == "bf16"]
+
+
+@pytest.mark.parametrize("backend", PREFILTERS)
+def test_bf16_prefilter_over_several_tiles_matches_reference(backend):
+    # > 8192 nodes and > 512 queries: several GEMM blocks per row tile, a partial last block, two row tiles
+    index = random_index(7, 9000, 24, 2, n_chunks=700)
+    queries = queries_for(index, 7, 530)
+    for gamma, n in [(1.5, 10), (1.0, 15)]:
+        config = RetrievalConfig(gamma=gamma, n=n, hops=1, top_k=5, **backend)
+        assert_matches_reference(index, queries, Retriever(index, config).search(queries), config)
+
+
+@pytest.mark.parametrize("backend", PREFILTERS)
+def test_bf16_prefilter_falls_back_on_rows_of_near_ties(backend):
+    # 3000 copies of one vector overflow the candidate buffer of a query near them: that row takes
+    # the float32 path (ties by lower id), the other rows stay on the prefilter
+    rng = np.random.default_rng(5)
+    x = np.vstack([np.tile(rng.standard_normal(16), (3000, 1)), rng.standard_normal((500, 16))])
+    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    graph = knn_graph(x, 2, "torch", "cpu")
+    index = QCGIndex(None, {}, x, graph.indptr, graph.indices, np.arange(len(x)) // 10, len(x) // 10)
+    queries = np.vstack([x[:1], x[3000:3004]])
+    config = RetrievalConfig(gamma=1.5, n=12, hops=1, top_k=5, **backend)
+    retriever = Retriever(index, config)
+    result = retriever.search(queries)
+    assert retriever._impl.fallback_rows == 1
+    assert result.seed_ids[0].tolist() == list(range(12))
+    exact = Retriever(index, RetrievalConfig(**{**vars(config), "prefilter": "off"})).search(queries)
+    for field in ("seed_ids", "chunk_ids", "scores", "n_selected"):
+        np.testing.assert_array_equal(getattr(result, field), getattr(exact, field))
+
+
+@pytest.mark.skipif(not WITH_TORCH, reason="the bf16 prefilter runs its GEMM in torch")
+def test_bf16_error_bound_holds_for_the_real_gemm():
+    import torch
+
+    from qcg_gpu.retrieval import _Bf16Prefilter
+
+    rng = np.random.default_rng(11)
+    for dim in (16, 384):
+        x = rng.standard_normal((4000, dim))
+        x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+        q = x[:300] + 0.3 * rng.standard_normal((300, dim)).astype(np.float32)
+        q = (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
+        prefilter = _Bf16Prefilter(x)
+        q_bf16 = torch.from_numpy(q).bfloat16()
+        approx = torch.mm(q_bf16, prefilter.nodes_bf16.T).double().numpy()
+        error = np.abs(q.astype(np.float64) @ x.T.astype(np.float64) - approx)
+        bound = prefilter.error_bound(q, q_bf16)
+        assert (error <= bound[:, None]).all()
+        assert bound.max() < 0.02  # tight enough to prune: a few bf16 steps
 
 
 def test_query_checks():
