@@ -76,10 +76,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qcg", description="QCG-RAG batch engine")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    index = commands.add_parser("index", help="build an index from documents", description="Build a QCG-RAG index.")
+    index = commands.add_parser(
+        "index", help="build an index from documents, or add/remove documents", description="Build a QCG-RAG index:\n"
+        "  qcg index INPUT OUT                   build\n  qcg index --add INPUT INDEX           add documents\n"
+        "  qcg index INDEX --remove DOC_ID ...   remove documents\n  qcg index INPUT OUT --dry-run         forecast the cost",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     index.add_argument("input", help="directory of .txt/.md files (recursive), a .jsonl file ({doc_id, text} per line) or a .parquet file (doc_id, text columns)")
-    index.add_argument("out", help="index directory to create")
+    index.add_argument("out", nargs="?", help="index directory to create (or to add to, with --add)")
     index.add_argument("--overwrite", action="store_true", help="replace an existing index at OUT (atomically)")
+    index.add_argument("--add", action="store_true", help="add INPUT's documents to the existing index OUT: pairs only for new chunks, "
+                       "kNN edges updated, not rebuilt (the index's own settings are used)")
+    index.add_argument("--remove", nargs="+", metavar="DOC_ID", help="remove these documents from the index INPUT")
+    index.add_argument("--dry-run", action="store_true", help="forecast chunks, LLM tokens and generation time, then stop")
     index.add_argument("--quiet", action="store_true", help="no progress bars")
     defaults = IndexConfig()
     for name in IndexConfig.SECTIONS:
@@ -277,12 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "index":
-            from .pipeline import build_index
-
-            summary = build_index(args.input, args.out, _index_config(args),
-                                  overwrite=args.overwrite, progress=not args.quiet)
-            print(summary.format())
-            return 3 if summary.failed_chunks else 0
+            return run_index(args)
         if args.command == "eval":
             return run_eval(args)
         if args.command == "check":
@@ -296,6 +299,41 @@ def main(argv: list[str] | None = None) -> int:
     except (QCGError, ImportError) as exc:  # ImportError: MissingDependency carries its install hint
         print(f"qcg: error: {exc}", file=sys.stderr)
         return 2
+
+
+def run_index(args) -> int:
+    if args.remove:
+        if args.out or args.add:
+            raise QCGError("--remove takes one index: qcg index INDEX --remove DOC_ID ...")
+        from .incremental import remove_documents
+
+        summary = remove_documents(args.input, args.remove, progress=not args.quiet)
+        print(f"removed {summary.documents} documents ({summary.chunks} chunks, {summary.nodes} nodes) from {args.input}")
+        return 0
+    if args.dry_run:
+        from .forecast import forecast
+
+        config = _index_config(args)
+        if args.add:
+            from .incremental import index_settings
+            from .index_format import read_manifest
+
+            config = index_settings(read_manifest(args.out), config)
+        print(forecast(args.input, config).format())
+        return 0
+    if not args.out:
+        raise QCGError("qcg index needs INPUT and OUT (or INDEX --remove DOC_ID ...)")
+    if args.add:
+        from .incremental import add_documents
+
+        summary = add_documents(args.out, args.input, _index_config(args), progress=not args.quiet)
+        print(summary.format().replace("index written to", "documents added to", 1))
+        return 0
+    from .pipeline import build_index
+
+    summary = build_index(args.input, args.out, _index_config(args), overwrite=args.overwrite, progress=not args.quiet)
+    print(summary.format())
+    return 3 if summary.failed_chunks else 0
 
 
 def _index_config(args) -> IndexConfig:

@@ -126,3 +126,15 @@ class IndexConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, settings: dict) -> "IndexConfig":
+        """The settings an index was built with (its manifest's ``settings``); unknown keys are ignored."""
+        config = cls()
+        for name in cls.SECTIONS:
+            section = getattr(config, name)
+            known = {f.name for f in dataclasses.fields(section)}
+            for key, value in settings.get(name, {}).items():
+                if key in known:
+                    setattr(section, key, value)
+        return config

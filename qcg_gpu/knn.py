@@ -47,38 +47,96 @@ def knn_graph(embeddings: np.ndarray, k: int, backend: str = "auto", device: str
     k_eff = min(k, n - 1) if n > 1 else 0
     if k_eff == 0:
         return KnnGraph(np.zeros(n + 1, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
-    width = min(n, k_eff + 1 + CANDIDATE_MARGIN)
-    if backend == "auto":
-        backend = "faiss" if WITH_FAISS else "torch"
-    if backend == "faiss":
-        candidates = faiss_candidates(emb, width)
-    elif backend == "torch":
-        candidates = torch_candidates(emb, width, device or default_device(), progress)
-    else:
-        raise QCGError(f"unknown kNN backend {backend!r} (choose faiss, torch or auto)")
+    candidates = search_candidates(emb, emb, min(n, k_eff + 1 + CANDIDATE_MARGIN), backend, device, progress)
     indices, scores = rank_candidates(emb, candidates, k_eff, progress)
     indptr = np.arange(n + 1, dtype=np.int64) * k_eff
     return KnnGraph(indptr, indices.reshape(-1), scores.reshape(-1))
 
 
-def faiss_candidates(emb: np.ndarray, width: int) -> np.ndarray:
+def add_nodes(graph: KnnGraph, old: np.ndarray, new: np.ndarray, k: int, backend: str = "auto",
+              device: str | None = None, progress: bool = False) -> KnnGraph:
+    """The kNN graph of ``old`` followed by ``new``, from the graph of ``old``, equal to
+    ``knn_graph(concat(old, new), k)`` without the all-pairs search: the new rows are searched
+    over every node; an old row is re-ranked only when a new node comes close enough to enter
+    its k nearest (one old x new product decides)."""
+    emb = np.ascontiguousarray(np.concatenate([old, new]), dtype=np.float32)
+    n_old, n = len(old), len(old) + len(new)
+    k_eff = min(k, n - 1) if n > 1 else 0
+    if len(new) == 0:
+        return graph
+    if graph.k != k_eff or n_old <= k_eff:  # old rows had fewer than k others: nothing to keep
+        return knn_graph(emb, k, backend, device, progress)
+    edges = graph.indices.reshape(n_old, k_eff)
+    width = min(len(new), k_eff + 1 + CANDIDATE_MARGIN)
+    new_of_old = search_candidates(emb[:n_old], emb[n_old:], width, backend, device, progress) + n_old
+    # an old row changes when its best new candidate reaches its k-th edge (1e-5: float32 search error)
+    best_new = pair_scores(emb, np.arange(n_old), new_of_old[:, 0])
+    changed = np.flatnonzero(best_new >= graph.scores.reshape(n_old, k_eff)[:, -1] - 1e-5)
+    ids = np.concatenate([edges, np.zeros((len(new), k_eff), np.int64)])
+    scores = np.concatenate([graph.scores.reshape(n_old, k_eff), np.zeros((len(new), k_eff), np.float32)])
+    if len(changed):
+        candidates = np.concatenate([edges[changed], new_of_old[changed]], axis=1)
+        ids[changed], scores[changed] = rank_candidates(emb, candidates, k_eff, progress, rows=changed)
+        if width < len(new):  # a tie with the last new candidate may continue past it: rank those rows fully
+            weakest_new = pair_scores(emb, np.repeat(changed, width), new_of_old[changed].reshape(-1)).reshape(-1, width).min(axis=1)
+            for row in changed[scores[changed, -1] <= weakest_new.astype(np.float32)]:
+                ids[row], scores[row] = _rank_row_fully(emb, row, k_eff)
+    new_rows = np.arange(n_old, n)
+    candidates = search_candidates(emb[n_old:], emb, min(n, k_eff + 1 + CANDIDATE_MARGIN), backend, device, progress)
+    ids[n_old:], scores[n_old:] = rank_candidates(emb, candidates, k_eff, progress, rows=new_rows)
+    return KnnGraph(np.arange(n + 1, dtype=np.int64) * k_eff, ids.reshape(-1), scores.reshape(-1))
+
+
+def remove_nodes(graph: KnnGraph, emb: np.ndarray, keep: np.ndarray, k: int, backend: str = "auto",
+                 device: str | None = None, progress: bool = False) -> KnnGraph:
+    """The kNN graph of ``emb[keep]`` (ids renumbered in order), equal to ``knn_graph(emb[keep], k)``:
+    only rows that lost an out-neighbour are searched again."""
+    kept = np.ascontiguousarray(emb[keep], dtype=np.float32)
+    n = len(kept)
+    k_eff = min(k, n - 1) if n > 1 else 0
+    if graph.k != k_eff:
+        return knn_graph(kept, k, backend, device, progress)
+    new_id = np.full(len(emb), -1, np.int64)
+    new_id[keep] = np.arange(n)
+    ids = new_id[graph.indices.reshape(len(emb), -1)[keep]]
+    scores = graph.scores.reshape(len(emb), -1)[keep].copy()
+    lost = np.flatnonzero((ids < 0).any(axis=1))
+    if len(lost):
+        candidates = search_candidates(kept[lost], kept, min(n, k_eff + 1 + CANDIDATE_MARGIN), backend, device, progress)
+        ids[lost], scores[lost] = rank_candidates(kept, candidates, k_eff, progress, rows=lost)
+    return KnnGraph(np.arange(n + 1, dtype=np.int64) * k_eff, ids.reshape(-1), scores.reshape(-1))
+
+
+def search_candidates(queries: np.ndarray, base: np.ndarray, width: int, backend: str = "auto",
+                      device: str | None = None, progress: bool = False) -> np.ndarray:
+    """The ``width`` nodes of ``base`` most similar to each query, by a float32 search (ranked exactly later)."""
+    if backend == "auto":
+        backend = "faiss" if WITH_FAISS else "torch"
+    if backend == "faiss":
+        return faiss_candidates(queries, base, width)
+    if backend == "torch":
+        return torch_candidates(queries, base, width, device or default_device(), progress)
+    raise QCGError(f"unknown kNN backend {backend!r} (choose faiss, torch or auto)")
+
+
+def faiss_candidates(queries: np.ndarray, base: np.ndarray, width: int) -> np.ndarray:
     faiss = require("faiss")
-    index = faiss.IndexFlatIP(emb.shape[1])
+    index = faiss.IndexFlatIP(base.shape[1])
     if faiss_gpus() > 0:
         index = faiss.index_cpu_to_all_gpus(index)
-    index.add(emb)
-    _, ids = index.search(emb, width)
+    index.add(np.ascontiguousarray(base))
+    _, ids = index.search(np.ascontiguousarray(queries), width)
     return ids.astype(np.int64)
 
 
-def torch_candidates(emb: np.ndarray, width: int, device: str, progress: bool = False) -> np.ndarray:
+def torch_candidates(queries: np.ndarray, base: np.ndarray, width: int, device: str, progress: bool = False) -> np.ndarray:
     torch = require("torch")
-    x = torch.from_numpy(emb).to(device)
-    rows = max(1, min(4096, SIMILARITY_TILE_ELEMENTS // len(emb)))
+    x, q = torch.from_numpy(np.ascontiguousarray(base)).to(device), torch.from_numpy(np.ascontiguousarray(queries)).to(device)
+    rows = max(1, min(4096, SIMILARITY_TILE_ELEMENTS // max(len(base), 1)))
     out = []
     with torch.inference_mode():
-        for start in tqdm(range(0, len(emb), rows), desc="kNN search", unit="tile", disable=not progress or len(emb) <= rows):
-            sims = x[start : start + rows] @ x.T
+        for start in tqdm(range(0, len(q), rows), desc="kNN search", unit="tile", disable=not progress or len(q) <= rows):
+            sims = q[start : start + rows] @ x.T
             out.append(sims.topk(width, dim=1).indices.cpu())
     return torch.cat(out).numpy().astype(np.int64)
 
@@ -95,13 +153,17 @@ def _best_first(ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
     return np.take_along_axis(by_id, by_score, axis=1)
 
 
-def rank_candidates(emb: np.ndarray, candidates: np.ndarray, k: int, progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    n, width = candidates.shape
-    out_ids = np.empty((n, k), dtype=np.int64)
-    out_scores = np.empty((n, k), dtype=np.float32)
-    for start in tqdm(range(0, n, RERANK_TILE_ROWS), desc="rank kNN edges", unit="tile", disable=not progress or n <= RERANK_TILE_ROWS):
+def rank_candidates(emb: np.ndarray, candidates: np.ndarray, k: int, progress: bool = False,
+                    rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The k best of each row's candidates (row ``rows[i]`` of ``emb``, default i) by exact score, ties by lower id."""
+    n, width = len(emb), candidates.shape[1]
+    row_ids = np.arange(len(candidates)) if rows is None else np.asarray(rows, np.int64)
+    out_ids = np.empty((len(candidates), k), dtype=np.int64)
+    out_scores = np.empty((len(candidates), k), dtype=np.float32)
+    for start in tqdm(range(0, len(candidates), RERANK_TILE_ROWS), desc="rank kNN edges", unit="tile",
+                      disable=not progress or len(candidates) <= RERANK_TILE_ROWS):
         cand = candidates[start : start + RERANK_TILE_ROWS]
-        rows = np.arange(start, start + len(cand))
+        rows = row_ids[start : start + len(cand)]
         valid = (cand >= 0) & (cand != rows[:, None])  # faiss pads with -1; self is never a neighbour
         safe = np.where(valid, cand, 0)
         scores = pair_scores(emb, np.repeat(rows, width), safe.reshape(-1)).reshape(cand.shape)

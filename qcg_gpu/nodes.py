@@ -28,6 +28,7 @@ class Nodes:
     chunk_id: np.ndarray  # int64, source chunk of each node (E_inter)
     source_index: np.ndarray  # int64, pairs.parquet row for pair nodes, sentence number in its chunk otherwise
     text: list[str]
+    from_pairs: bool = True  # source_index names pairs.parquet rows (False: sentence numbers)
 
 
 def pair_nodes(mode: str, pair_rows: np.ndarray, chunk_id: np.ndarray, questions: list[str], answers: list[str]) -> Nodes:
@@ -43,4 +44,4 @@ def sentence_nodes(chunk_texts: list[str]) -> Nodes:
             chunk_ids.append(cid)
             numbers.append(number)
             texts.append(sentence)
-    return Nodes(np.array(chunk_ids, dtype=np.int64), np.array(numbers, dtype=np.int64), texts)
+    return Nodes(np.array(chunk_ids, dtype=np.int64), np.array(numbers, dtype=np.int64), texts, from_pairs=False)

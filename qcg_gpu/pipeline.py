@@ -23,6 +23,7 @@ from .doc2query_minus import keep_mask
 from .documents import SkipLog, read_documents
 from .embedding import Embedder
 from .errors import QCGError
+from .forecast import record_throughput
 from .index_format import IndexWriter, check_writable
 from .knn import knn_graph
 from .llm import LLMBackend, llm_name, make_backend
@@ -120,12 +121,7 @@ def build_index(
     with _stage(summary, "load_embedder", progress):
         embedder = embedder or Embedder(config.nodes.embedder, config.nodes.device, config.nodes.embed_batch_size)
     with _stage(summary, "embed", progress):
-        chunk_emb = embedder.encode([c.text for c in chunks], progress, "chunks")
-        pair_emb = embedder.encode([pair_text(q, a) for q, a in zip(pairs["question"], pairs["answer"])], progress, "pairs")
-        # Doc2Query--: similarity of each pair to its own chunk, then the top ceil(alpha * m_i) per chunk.
-        pairs["score"] = np.einsum("ij,ij->i", pair_emb, chunk_emb[pairs["chunk_id"]]).astype(np.float32)
-        pairs["kept"] = keep_mask(pairs["chunk_id"], pairs["gen_index"], pairs["score"], config.nodes.alpha)
-        nodes, node_emb = build_nodes(config.nodes.nodes, [c.text for c in chunks], pairs, pair_emb, embedder, progress)
+        chunk_emb, pair_emb, nodes, node_emb = embed_and_select(chunks, pairs, config, embedder, progress)
 
     with _stage(summary, "knn", progress):
         graph = knn_graph(node_emb, config.graph.knn_k, config.graph.knn_backend, config.nodes.device, progress)
@@ -135,7 +131,8 @@ def build_index(
     writer = IndexWriter(out)
     try:
         with _stage(summary, "write", progress):
-            _write_tables(writer, chunks, pairs, nodes)
+            for name, table in index_tables(chunks, pairs, nodes).items():
+                writer.write_table(name, table)
             writer.write_array("chunk_embeddings", chunk_emb)
             writer.write_array("pair_embeddings", pair_emb.astype(config.nodes.embedding_dtype))
             writer.write_array("node_embeddings", node_emb.astype(config.nodes.embedding_dtype))
@@ -147,6 +144,17 @@ def build_index(
         writer.abort()
         raise
     return summary
+
+
+def embed_and_select(chunks: list[Chunk], pairs: dict, config: IndexConfig, embedder: Embedder, progress: bool):
+    """Embeddings of chunks and pairs, Doc2Query-- (``pairs["score"]``, ``pairs["kept"]``), and the nodes."""
+    chunk_emb = embedder.encode([c.text for c in chunks], progress, "chunks")
+    pair_emb = embedder.encode([pair_text(q, a) for q, a in zip(pairs["question"], pairs["answer"])], progress, "pairs")
+    # Doc2Query--: similarity of each pair to its own chunk, then the top ceil(alpha * m_i) per chunk.
+    pairs["score"] = np.einsum("ij,ij->i", pair_emb, chunk_emb[pairs["chunk_id"]]).astype(np.float32)
+    pairs["kept"] = keep_mask(pairs["chunk_id"], pairs["gen_index"], pairs["score"], config.nodes.alpha)
+    nodes, node_emb = build_nodes(config.nodes.nodes, [c.text for c in chunks], pairs, pair_emb, embedder, progress)
+    return chunk_emb, pair_emb, nodes, node_emb
 
 
 def _read_chunks(input_path, config: IndexConfig, summary: IndexSummary, progress: bool) -> list[Chunk]:
@@ -191,6 +199,8 @@ def _generate_pairs(chunks: list[Chunk], llm: LLMBackend | None, model_name: str
             llm = llm or make_backend(gen)
         with _stage(summary, "generate", progress):
             _generate_missing(chunks, keys, missing, llm, gen, cache, replies, failed, summary, progress)
+        record_throughput(model_name, gen.backend, gen.m, summary.generated_chunks, summary.generated_output_tokens,
+                          summary.seconds["generate"])
     if gen.replies_out:
         cache.export_parquet(list(dict.fromkeys(k for k in keys if k in replies)), gen.replies_out)
     cache.close()
@@ -256,32 +266,37 @@ def build_nodes(mode: str, chunk_texts: list[str], pairs: dict, pair_emb: np.nda
     return nodes, embedder.encode(nodes.text, progress, "nodes")
 
 
-def _write_tables(writer: IndexWriter, chunks: list[Chunk], pairs: dict, nodes: Nodes) -> None:
+def index_tables(chunks: list[Chunk], pairs: dict, nodes: Nodes, first_chunk: int = 0, first_pair: int = 0,
+                 first_node: int = 0) -> dict:
+    """chunks, pairs and nodes as Arrow tables; ``first_*`` number them after existing rows (incremental add)."""
     n_valid = np.bincount(pairs["chunk_id"], minlength=len(chunks))
     n_kept = np.bincount(pairs["chunk_id"][pairs["kept"]], minlength=len(chunks))
-    writer.write_table("chunks", pa.table({
-        "chunk_id": pa.array(np.arange(len(chunks)), pa.int64()),
-        "doc_id": [c.doc_id for c in chunks],
-        "chunk_index": pa.array([c.chunk_index for c in chunks], pa.int32()),
-        "n_tokens": pa.array([c.n_tokens for c in chunks], pa.int32()),
-        "text": [c.text for c in chunks],
-        "n_pairs": pa.array(n_valid, pa.int32()),
-        "n_kept": pa.array(n_kept, pa.int32()),
-    }))
-    writer.write_table("pairs", pa.table({
-        "chunk_id": pa.array(pairs["chunk_id"], pa.int64()),
-        "gen_index": pa.array(pairs["gen_index"], pa.int32()),
-        "question": pa.array(pairs["question"], pa.string()),
-        "answer": pa.array(pairs["answer"], pa.string()),
-        "score": pa.array(pairs["score"], pa.float32()),
-        "kept": pa.array(pairs["kept"], pa.bool_()),
-    }))
-    writer.write_table("nodes", pa.table({
-        "node_id": pa.array(np.arange(len(nodes.text)), pa.int64()),
-        "chunk_id": pa.array(nodes.chunk_id, pa.int64()),
-        "source_index": pa.array(nodes.source_index, pa.int64()),
-        "text": pa.array(nodes.text, pa.string()),
-    }))
+    sources = nodes.source_index + (first_pair if nodes.from_pairs else 0)
+    return {
+        "chunks": pa.table({
+            "chunk_id": pa.array(first_chunk + np.arange(len(chunks)), pa.int64()),
+            "doc_id": pa.array([c.doc_id for c in chunks], pa.string()),
+            "chunk_index": pa.array([c.chunk_index for c in chunks], pa.int32()),
+            "n_tokens": pa.array([c.n_tokens for c in chunks], pa.int32()),
+            "text": pa.array([c.text for c in chunks], pa.string()),
+            "n_pairs": pa.array(n_valid, pa.int32()),
+            "n_kept": pa.array(n_kept, pa.int32()),
+        }),
+        "pairs": pa.table({
+            "chunk_id": pa.array(first_chunk + pairs["chunk_id"], pa.int64()),
+            "gen_index": pa.array(pairs["gen_index"], pa.int32()),
+            "question": pa.array(pairs["question"], pa.string()),
+            "answer": pa.array(pairs["answer"], pa.string()),
+            "score": pa.array(pairs["score"], pa.float32()),
+            "kept": pa.array(pairs["kept"], pa.bool_()),
+        }),
+        "nodes": pa.table({
+            "node_id": pa.array(first_node + np.arange(len(nodes.text)), pa.int64()),
+            "chunk_id": pa.array(first_chunk + nodes.chunk_id, pa.int64()),
+            "source_index": pa.array(sources, pa.int64()),
+            "text": pa.array(nodes.text, pa.string()),
+        }),
+    }
 
 
 def _versions() -> dict:

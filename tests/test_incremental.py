@@ -1,0 +1,148 @@
+"""Adding and removing documents (qcg index --add / --remove) equals a full rebuild, on real models."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from qcg_gpu import build_index
+from qcg_gpu.config import IndexConfig
+from qcg_gpu.errors import QCGError
+from qcg_gpu.incremental import add_documents, remove_documents
+from qcg_gpu.index_format import load_array, load_table, read_manifest
+
+from .conftest import qcg, sample_docs
+from .test_index_build import Recording
+
+ARRAYS = ("chunk_embeddings", "pair_embeddings", "node_embeddings", "knn_indptr", "knn_indices", "knn_scores")
+
+
+def _config(tmp_path, nodes: str = "qa") -> IndexConfig:
+    config = IndexConfig()
+    config.generation.m = 4
+    config.generation.cache = str(tmp_path / "cache.sqlite")
+    config.nodes.nodes = nodes
+    config.nodes.device = "cpu"
+    return config
+
+
+def _split_docs(tmp_path, n_old: int, n_new: int):
+    """Old and new documents in two directories, and all of them in a third (new ones sort last)."""
+    every = sample_docs(tmp_path / "all", n_old + n_new)
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir(), new.mkdir()
+    for i, path in enumerate(sorted(every.glob("*.txt"))):
+        shutil.copy(path, (old if i < n_old else new) / path.name)
+    return old, new, every
+
+
+def assert_same_index(got, want):
+    for name in ("chunks", "pairs", "nodes"):
+        a, b = load_table(got, name), load_table(want, name)
+        assert a.column_names == b.column_names and a.num_rows == b.num_rows, name
+        for column in a.column_names:
+            x, y = a.column(column).to_pylist(), b.column(column).to_pylist()
+            if column == "score":
+                np.testing.assert_allclose(x, y, atol=1e-5)
+            else:
+                assert x == y, f"{name}.{column}"
+    for name in ARRAYS:
+        a, b = load_array(got, name), load_array(want, name)
+        if a.dtype.kind == "f":
+            np.testing.assert_allclose(a, b, atol=1e-5, err_msg=name)
+        else:
+            np.testing.assert_array_equal(a, b, err_msg=name)
+    m_got, m_want = read_manifest(got)["counts"], read_manifest(want)["counts"]
+    for key in ("documents", "chunks", "pairs_valid", "pairs_kept", "nodes", "knn_edges", "chunks_without_pairs"):
+        assert m_got[key] == m_want[key], key
+
+
+def test_sentence_nodes_add_and_remove_equal_rebuilds(tmp_path, embedder):
+    old, new, every = _split_docs(tmp_path, 3, 3)
+    config = _config(tmp_path, "sentence")
+    build_index(old, tmp_path / "grown", config, embedder=embedder, progress=False)
+    add_documents(tmp_path / "grown", new, config, embedder=embedder, progress=False)
+    build_index(every, tmp_path / "full", config, embedder=embedder, progress=False)
+    assert_same_index(tmp_path / "grown", tmp_path / "full")
+
+    removed = sorted(p.stem for p in new.glob("*.txt"))[:1] + sorted(p.stem for p in old.glob("*.txt"))[:1]
+    remove_documents(tmp_path / "grown", removed, progress=False)
+    rest = tmp_path / "rest"
+    rest.mkdir()
+    for path in every.glob("*.txt"):
+        if path.stem not in removed:
+            shutil.copy(path, rest / path.name)
+    build_index(rest, tmp_path / "rest_index", config, embedder=embedder, progress=False)
+    assert_same_index(tmp_path / "grown", tmp_path / "rest_index")
+    history = read_manifest(tmp_path / "grown")["history"]
+    assert [h["op"] for h in history] == ["add", "remove"]
+
+
+@pytest.mark.llm
+def test_pair_nodes_add_generates_only_new_chunks_and_equals_a_rebuild(tmp_path, vllm_backend, embedder):
+    old, new, every = _split_docs(tmp_path, 3, 2)
+    config = _config(tmp_path)
+    build_index(old, tmp_path / "grown", config, llm=vllm_backend, embedder=embedder, progress=False)
+    llm = Recording(vllm_backend)
+    summary = add_documents(tmp_path / "grown", new, config, llm=llm, embedder=embedder, progress=False)
+    assert llm.asked == [summary.chunks] and summary.generated_chunks == summary.chunks > 0
+    build_index(every, tmp_path / "full", config, llm=vllm_backend, embedder=embedder, progress=False)  # from the cache
+    assert_same_index(tmp_path / "grown", tmp_path / "full")
+
+    doomed = sorted(p.stem for p in old.glob("*.txt"))[1]
+    remove_documents(tmp_path / "full", [doomed], progress=False)
+    pairs, nodes = load_table(tmp_path / "full", "pairs"), load_table(tmp_path / "full", "nodes")
+    kept_rows = np.flatnonzero(pairs.column("kept").to_numpy(zero_copy_only=False))
+    assert nodes.column("source_index").to_pylist() == kept_rows.tolist()  # nodes still name their pairs rows
+    assert doomed not in load_table(tmp_path / "full", "chunks").column("doc_id").to_pylist()
+
+
+@pytest.mark.llm
+def test_failed_generation_leaves_the_index_unchanged(tmp_path, vllm_backend, embedder):
+    from qcg_gpu.llm import Completion
+
+    old, new, _ = _split_docs(tmp_path, 2, 2)
+    config = _config(tmp_path)
+    build_index(old, tmp_path / "idx", config, llm=vllm_backend, embedder=embedder, progress=False)
+    before = read_manifest(tmp_path / "idx")
+    broken = Recording(vllm_backend, fault=lambda i, c: Completion("", 0, 0, "error", error="HTTP 500") if i == 0 else c)
+    with pytest.raises(QCGError, match="no LLM reply.*unchanged"):
+        add_documents(tmp_path / "idx", new, config, llm=broken, embedder=embedder, progress=False)
+    assert read_manifest(tmp_path / "idx") == before
+    llm = Recording(vllm_backend)
+    add_documents(tmp_path / "idx", new, config, llm=llm, embedder=embedder, progress=False)
+    assert llm.asked == [1]  # only the chunk that failed; the other reply was cached
+
+
+def test_bad_updates_are_refused(tmp_path, embedder):
+    old, new, _ = _split_docs(tmp_path, 2, 1)
+    config = _config(tmp_path, "sentence")
+    build_index(old, tmp_path / "idx", config, embedder=embedder, progress=False)
+    before = read_manifest(tmp_path / "idx")
+    with pytest.raises(QCGError, match="in the index already"):
+        add_documents(tmp_path / "idx", old, config, embedder=embedder, progress=False)
+    with pytest.raises(QCGError, match="not in the index"):
+        remove_documents(tmp_path / "idx", ["no-such-doc"], progress=False)
+    with pytest.raises(QCGError, match="empty index"):
+        remove_documents(tmp_path / "idx", [p.stem for p in old.glob("*.txt")], progress=False)
+    other = _config(tmp_path, "sentence")
+    other.graph.knn_k = 4
+    with pytest.raises(QCGError, match="knn_k=4 .*index has 2"):
+        add_documents(tmp_path / "idx", new, other, embedder=embedder, progress=False)
+    assert read_manifest(tmp_path / "idx") == before
+
+
+def test_command_line_add_and_remove(tmp_path):
+    old, new, _ = _split_docs(tmp_path, 2, 1)
+    options = ["--nodes", "sentence", "--device", "cpu", "--quiet"]
+    assert qcg("index", old, tmp_path / "idx", *options).returncode == 0
+    added = qcg("index", "--add", new, tmp_path / "idx", *options)
+    assert added.returncode == 0, added.stderr
+    assert read_manifest(tmp_path / "idx")["counts"]["documents"] == 3
+    doc = next(new.glob("*.txt")).stem
+    removed = qcg("index", tmp_path / "idx", "--remove", doc, "--quiet")
+    assert removed.returncode == 0 and f"removed 1 documents" in removed.stdout, removed.stderr
+    assert read_manifest(tmp_path / "idx")["counts"]["documents"] == 2
+    again = qcg("index", tmp_path / "idx", "--remove", doc)
+    assert again.returncode == 2 and "not in the index" in again.stderr
