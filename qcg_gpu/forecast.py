@@ -4,7 +4,7 @@ Chunks are counted exactly (the documents are read and chunked), replies already
 generation cache are free, prompt tokens are counted with the LLM's own tokenizer and chat
 template (cl100k_base when the model is only a served name), and the output tokens and time come
 from the generation runs measured on this machine: every build that generates appends its
-throughput to ``throughput.jsonl`` in the cache folder.
+throughput to ``throughput.jsonl`` next to its generation cache.
 """
 from __future__ import annotations
 
@@ -55,21 +55,29 @@ class Forecast:
         ])
 
 
-def record_throughput(model: str, backend: str, m: int, chunks: int, output_tokens: int, seconds: float) -> None:
+def generation_cache(gen) -> Path:
+    return Path(gen.cache) if gen.cache else cache_dir() / "doc2query-cache.sqlite"
+
+
+def throughput_log(gen) -> Path:
+    return generation_cache(gen).with_name(THROUGHPUT_LOG)
+
+
+def record_throughput(gen, model: str, chunks: int, output_tokens: int, seconds: float) -> None:
     """Append one generation run's measured rate to the log the forecasts read."""
     if not chunks or seconds <= 0:
         return
-    entry = {"unix": time.time(), "host": platform.node(), "model": model, "backend": backend, "m": m, "chunks": chunks,
+    entry = {"unix": time.time(), "host": platform.node(), "model": model, "backend": gen.backend, "m": gen.m, "chunks": chunks,
              "output_tokens": output_tokens, "seconds": round(seconds, 2), "tokens_per_s": round(output_tokens / seconds, 1)}
-    path = cache_dir() / THROUGHPUT_LOG
+    path = throughput_log(gen)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as fh:
         fh.write(json.dumps(entry) + "\n")
 
 
-def measured_runs(model: str, backend: str) -> list[dict]:
-    """This machine's logged runs of ``model`` on ``backend``, largest first."""
-    path = cache_dir() / THROUGHPUT_LOG
+def measured_runs(gen, model: str) -> list[dict]:
+    """This machine's logged runs of ``model`` on the backend of ``gen``, largest first."""
+    path, backend = throughput_log(gen), gen.backend
     runs = []
     if path.exists():
         for line in path.read_text().splitlines():
@@ -91,7 +99,7 @@ def forecast(input_path: str | Path, config: IndexConfig) -> Forecast:
     model = llm_name(gen)
     if config.nodes.nodes == "sentence":
         return Forecast(summary.documents, len(chunks), len(chunks), 0, "no LLM: sentence nodes", 0, 0, "no LLM", None, "no LLM")
-    cache = GenerationCache(gen.cache or cache_dir() / "doc2query-cache.sqlite")
+    cache = GenerationCache(generation_cache(gen))
     try:
         keys = [doc2query.cache_key(c.text, model, gen) for c in chunks]
         cached = cache.get_many(list(set(keys)))
@@ -101,7 +109,7 @@ def forecast(input_path: str | Path, config: IndexConfig) -> Forecast:
     prompt_tokens, counted_with = _prompt_tokens(todo, gen)
     cap = doc2query.sampling_spec(gen).max_tokens * len(todo)
 
-    runs = measured_runs(model, gen.backend)
+    runs = measured_runs(gen, model)
     if cached:  # replies of this very input, model and settings
         per_chunk = sum(r.get("output_tokens", 0) for r in cached.values()) / len(cached)
         output_source = f"mean of the {len(cached)} cached replies"
@@ -131,7 +139,8 @@ def _prompt_tokens(chunks, gen) -> tuple[int, str]:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(path)
-        total = sum(len(tokenizer.apply_chat_template(c, tokenize=True, add_generation_prompt=True)) for c in conversations)
+        total = sum(len(tokenizer.apply_chat_template(c, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"])
+                    for c in conversations)
         return total, "the model's tokenizer and chat template"
     import tiktoken
 

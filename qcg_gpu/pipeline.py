@@ -23,11 +23,10 @@ from .doc2query_minus import keep_mask
 from .documents import SkipLog, read_documents
 from .embedding import Embedder
 from .errors import QCGError
-from .forecast import record_throughput
+from .forecast import generation_cache, record_throughput
 from .index_format import IndexWriter, check_writable
 from .knn import knn_graph
 from .llm import LLMBackend, llm_name, make_backend
-from .models import cache_dir
 from .nodes import Nodes, pair_nodes, pair_text, sentence_nodes
 
 
@@ -185,7 +184,7 @@ def _generate_pairs(chunks: list[Chunk], llm: LLMBackend | None, model_name: str
     """Pairs of every chunk: stored and cached replies reused, the rest generated in large batches
     and cached per batch. The LLM is loaded only when some chunk has no reply yet."""
     gen = config.generation
-    cache = GenerationCache(gen.cache or cache_dir() / "doc2query-cache.sqlite")
+    cache = GenerationCache(generation_cache(gen))
     if gen.replies_in:
         cache.import_parquet(gen.replies_in)
     keys = [doc2query.cache_key(c.text, model_name, gen) for c in chunks]
@@ -199,8 +198,7 @@ def _generate_pairs(chunks: list[Chunk], llm: LLMBackend | None, model_name: str
             llm = llm or make_backend(gen)
         with _stage(summary, "generate", progress):
             _generate_missing(chunks, keys, missing, llm, gen, cache, replies, failed, summary, progress)
-        record_throughput(model_name, gen.backend, gen.m, summary.generated_chunks, summary.generated_output_tokens,
-                          summary.seconds["generate"])
+        record_throughput(gen, model_name, summary.generated_chunks, summary.generated_output_tokens, summary.seconds["generate"])
     if gen.replies_out:
         cache.export_parquet(list(dict.fromkeys(k for k in keys if k in replies)), gen.replies_out)
     cache.close()

@@ -271,7 +271,9 @@ class _Bf16Prefilter:
 
         self.torch = torch = require("torch")
         self.kernels, self.nodes = prefilter_cpu, nodes
-        self.nodes_bf16 = torch.from_numpy(np.ascontiguousarray(nodes)).bfloat16()
+        self.nodes_bf16 = torch.empty(nodes.shape, dtype=torch.bfloat16)
+        for start in range(0, len(nodes), 65536):  # in blocks: nodes may be a read-only memory map
+            self.nodes_bf16[start : start + 65536] = torch.from_numpy(np.array(nodes[start : start + 65536], np.float32))
         self.node_norm, self.node_residual = bf16_rounding(nodes, self.nodes_bf16)
         self._fallback = seeds_cpu.top_n_above
         self.fallback_rows = 0  # queries whose near-ties overflowed the candidates (float32 path instead)

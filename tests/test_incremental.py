@@ -146,3 +146,25 @@ def test_command_line_add_and_remove(tmp_path):
     assert read_manifest(tmp_path / "idx")["counts"]["documents"] == 2
     again = qcg("index", tmp_path / "idx", "--remove", doc)
     assert again.returncode == 2 and "not in the index" in again.stderr
+
+
+@pytest.mark.llm
+def test_dry_run_forecast_counts_what_the_build_spends(tmp_path, vllm_backend, embedder):
+    from qcg_gpu.forecast import forecast, measured_runs
+
+    docs = sample_docs(tmp_path / "docs", 3)
+    config = _config(tmp_path)
+    before = forecast(docs, config)
+    assert before.cached_chunks == 0 and "reference" in before.rate_source and before.seconds > 0
+    summary = build_index(docs, tmp_path / "idx", config, llm=vllm_backend, embedder=embedder, progress=False)
+    assert before.chunks == summary.chunks and before.documents == summary.documents
+    assert before.prompt_tokens == summary.prompt_tokens  # the model's own chat template, counted like vLLM does
+    assert before.output_cap >= summary.output_tokens
+    runs = measured_runs(config.generation, vllm_backend.model_name)
+    assert len(runs) == 1 and runs[0]["output_tokens"] == summary.output_tokens and runs[0]["tokens_per_s"] > 0
+
+    after = forecast(docs, config)
+    assert after.cached_chunks == after.chunks and after.output_tokens == 0 and after.prompt_tokens == 0
+    more = forecast(sample_docs(tmp_path / "more", 5), config)
+    assert more.chunks - more.cached_chunks == 2 and "measured on this machine" in more.rate_source
+    assert more.output_tokens == round(summary.output_tokens / summary.chunks * 2)  # the cached replies' mean
