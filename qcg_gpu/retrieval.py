@@ -31,6 +31,7 @@ PRESETS = {  # the paper's per-dataset settings (k, the kNN degree, is fixed whe
 }
 SIMILARITY_TILE_ELEMENTS = 1 << 26  # 256 MiB of float32 similarities per query tile
 TOPK_MARGIN = 8
+PREFILTER_TOPK_MARGIN = 64  # bf16 approximations beyond the n best that the torch prefilter rescores
 
 
 @dataclass
@@ -251,12 +252,17 @@ def bf16_rounding(nodes: np.ndarray, nodes_bf16) -> tuple[float, float]:
     return norm, residual
 
 
-def bf16_error_bound(q_norm, q_residual, q_rounded_norm, node_norm: float, node_residual: float, dim: int):
-    """Per query, a bound on |q.u - bf16_gemm(q, u)| over every node u (numpy arrays or tensors):
+def bf16_error_bound(queries, rounded, node_norm: float, node_residual: float):
+    """Per query, a bound on |q.u - bf16_gemm(q, u)| over every node u, from the float64 queries
+    and their bf16 rounding (numpy arrays or tensors):
     |q.u - q~.u~| <= |q| |u - u~| + |q - q~| |u~|, plus the float32 accumulation of d products
     and the rounding of the output to bf16 (relative 2^-8), with 1e-6 to spare."""
-    gemm = q_rounded_norm * (node_norm + node_residual)  # >= |q~.u~|
-    bound = q_norm * node_residual + q_residual * (node_norm + node_residual)
+    def norms(x):
+        return (x * x).sum(1) ** 0.5
+
+    dim = queries.shape[1]
+    gemm = norms(rounded) * (node_norm + node_residual)  # >= |q~.u~|
+    bound = norms(queries) * node_residual + norms(queries - rounded) * (node_norm + node_residual)
     return bound + gemm * (dim * 2.0**-24 + BF16_UNIT_ROUNDOFF * (1 + dim * 2.0**-24)) + 1e-6
 
 
@@ -279,9 +285,7 @@ class _Bf16Prefilter:
         self.fallback_rows = 0  # queries whose near-ties overflowed the candidates (float32 path instead)
 
     def error_bound(self, tile: np.ndarray, tile_bf16) -> np.ndarray:
-        exact, rounded = tile.astype(np.float64), tile_bf16.double().numpy()
-        return bf16_error_bound(np.linalg.norm(exact, axis=1), np.linalg.norm(exact - rounded, axis=1),
-                                np.linalg.norm(rounded, axis=1), self.node_norm, self.node_residual, tile.shape[1]).astype(np.float32)
+        return bf16_error_bound(tile.astype(np.float64), tile_bf16.double().numpy(), self.node_norm, self.node_residual).astype(np.float32)
 
     def seeds(self, tile: np.ndarray, threshold: np.float32, n: int):
         torch, k = self.torch, self.kernels
@@ -356,11 +360,7 @@ class _TorchBackend:
         torch = self.torch
         width = min(sims.shape[1], n + TOPK_MARGIN)
         vals, ids = sims.topk(width, dim=1)
-        # order candidates by (value desc, id asc): topk does not promise an order among ties
-        by_id = ids.argsort(dim=1)
-        ids, vals = ids.gather(1, by_id), vals.gather(1, by_id)
-        order = vals.argsort(dim=1, descending=True, stable=True)
-        ids, vals = ids.gather(1, order), vals.gather(1, order)
+        ids, vals = _best_first(ids, vals)  # topk does not promise an order among ties
         # a tie between the n-th and the last candidate may continue past the candidates: sort the row fully
         unsure = (vals[:, n - 1] >= threshold) & (vals[:, n - 1] == vals[:, -1]) & (width < sims.shape[1])
         for r in torch.nonzero(unsure).flatten().tolist():
@@ -378,20 +378,16 @@ class _TorchBackend:
         tile_bf16 = tile.bfloat16()
         with _float32_accumulation(torch):
             approx = tile_bf16 @ self.nodes_bf16.T
-        exact64, rounded64 = tile.double(), tile_bf16.double()
-        eps = bf16_error_bound(exact64.norm(dim=1), (exact64 - rounded64).norm(dim=1), rounded64.norm(dim=1),
-                               self.node_norm, self.node_residual, tile.shape[1]).float()
-        width = min(approx.shape[1], n + TOPK_MARGIN * 8)
+        eps = bf16_error_bound(tile.double(), tile_bf16.double(), self.node_norm, self.node_residual).float()
+        width = min(approx.shape[1], n + PREFILTER_TOPK_MARGIN)
         vals, ids = approx.topk(width, dim=1)
         vals = vals.float()
         floor = torch.maximum(threshold - eps, vals[:, n - 1] - 2 * eps)
         complete = (vals[:, -1] < floor) | (width == approx.shape[1])
         sims = torch.einsum("bwd,bd->bw", self.nodes[ids], tile)
         sims = torch.where((vals >= floor[:, None]) & (sims >= threshold), sims, -float("inf"))
-        by_id = ids.argsort(dim=1)  # rank by (sim desc, id asc)
-        ids, sims = ids.gather(1, by_id), sims.gather(1, by_id)
-        order = sims.argsort(dim=1, descending=True, stable=True)[:, :n]
-        ids, sims = ids.gather(1, order), sims.gather(1, order)
+        ids, sims = _best_first(ids, sims)
+        ids, sims = ids[:, :n], sims[:, :n]
         ids = torch.where(torch.isfinite(sims), ids, -1)
         if not complete.all():
             rows = torch.nonzero(~complete).flatten()
@@ -443,6 +439,14 @@ def _float32_accumulation(torch):
         yield
     finally:
         matmul.allow_bf16_reduced_precision_reduction = saved
+
+
+def _best_first(ids, vals):
+    """Each row's (id, value) entries ordered by value desc, then id asc (tensors)."""
+    by_id = ids.argsort(dim=1)
+    ids, vals = ids.gather(1, by_id), vals.gather(1, by_id)
+    order = vals.argsort(dim=1, descending=True, stable=True)
+    return ids.gather(1, order), vals.gather(1, order)
 
 
 def _unique_rows(torch, ids, pad: int):
