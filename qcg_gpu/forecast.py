@@ -91,11 +91,11 @@ def measured_runs(gen, model: str) -> list[dict]:
 
 
 def forecast(input_path: str | Path, config: IndexConfig) -> Forecast:
-    from .pipeline import IndexSummary, _read_chunks
+    from .pipeline import IndexSummary, read_chunks  # here: pipeline imports this module
 
     config.validate()
     gen, summary = config.generation, IndexSummary(out=Path("."))
-    chunks = _read_chunks(input_path, config, summary, progress=False)
+    chunks = read_chunks(input_path, config, summary, progress=False)
     model = llm_name(gen)
     if config.nodes.nodes == "sentence":
         return Forecast(summary.documents, len(chunks), len(chunks), 0, "no LLM: sentence nodes", 0, 0, "no LLM", None, "no LLM")
@@ -107,7 +107,8 @@ def forecast(input_path: str | Path, config: IndexConfig) -> Forecast:
         cache.close()
     todo = [c for c, key in zip(chunks, keys) if key not in cached]
     prompt_tokens, counted_with = _prompt_tokens(todo, gen)
-    cap = doc2query.sampling_spec(gen).max_tokens * len(todo)
+    max_tokens = doc2query.sampling_spec(gen).max_tokens
+    cap = max_tokens * len(todo)
 
     runs = measured_runs(gen, model)
     if cached:  # replies of this very input, model and settings
@@ -119,7 +120,7 @@ def forecast(input_path: str | Path, config: IndexConfig) -> Forecast:
     elif model == REFERENCE["model"]:
         per_chunk, output_source = REFERENCE["output_tokens_per_pair"] * gen.m, REFERENCE["where"]
     else:
-        per_chunk, output_source = doc2query.sampling_spec(gen).max_tokens, "no measurement: the max_tokens cap"
+        per_chunk, output_source = max_tokens, "no measurement: the max_tokens cap"
     if runs:
         rate, rate_source = runs[0]["tokens_per_s"], f"{model} on {gen.backend}, measured on this machine"
     elif model == REFERENCE["model"]:
@@ -134,7 +135,7 @@ def forecast(input_path: str | Path, config: IndexConfig) -> Forecast:
 def _prompt_tokens(chunks, gen) -> tuple[int, str]:
     """Prompt tokens of the Doc2Query conversations: the model's chat template when it is local."""
     conversations = [doc2query.build_conversation(c.text, gen.m) for c in chunks]
-    path, _ = resolve_model(gen.model, DEFAULT_LLM) if gen.backend == "vllm" or gen.model is None else (gen.model, gen.model)
+    path = resolve_model(gen.model, DEFAULT_LLM)[0] if gen.backend == "vllm" else gen.model  # openai: a served name, or a directory
     if Path(path).is_dir():
         from transformers import AutoTokenizer
 

