@@ -7,24 +7,14 @@ import numpy as np
 import pytest
 
 from qcg_gpu import build_index
-from qcg_gpu.config import IndexConfig
 from qcg_gpu.errors import QCGError
 from qcg_gpu.incremental import add_documents, remove_documents
 from qcg_gpu.index_format import load_array, load_table, read_manifest
 
 from .conftest import qcg, sample_docs
-from .test_index_build import Recording
+from .test_index_build import Recording, _config
 
 ARRAYS = ("chunk_embeddings", "pair_embeddings", "node_embeddings", "knn_indptr", "knn_indices", "knn_scores")
-
-
-def _config(tmp_path, nodes: str = "qa") -> IndexConfig:
-    config = IndexConfig()
-    config.generation.m = 4
-    config.generation.cache = str(tmp_path / "cache.sqlite")
-    config.nodes.nodes = nodes
-    config.nodes.device = "cpu"
-    return config
 
 
 def _split_docs(tmp_path, n_old: int, n_new: int):
@@ -60,7 +50,7 @@ def assert_same_index(got, want):
 
 def test_sentence_nodes_add_and_remove_equal_rebuilds(tmp_path, embedder):
     old, new, every = _split_docs(tmp_path, 3, 3)
-    config = _config(tmp_path, "sentence")
+    config = _config(tmp_path, nodes="sentence")
     build_index(old, tmp_path / "grown", config, embedder=embedder, progress=False)
     add_documents(tmp_path / "grown", new, config, embedder=embedder, progress=False)
     build_index(every, tmp_path / "full", config, embedder=embedder, progress=False)
@@ -117,7 +107,7 @@ def test_failed_generation_leaves_the_index_unchanged(tmp_path, vllm_backend, em
 
 def test_bad_updates_are_refused(tmp_path, embedder):
     old, new, _ = _split_docs(tmp_path, 2, 1)
-    config = _config(tmp_path, "sentence")
+    config = _config(tmp_path, nodes="sentence")
     build_index(old, tmp_path / "idx", config, embedder=embedder, progress=False)
     before = read_manifest(tmp_path / "idx")
     with pytest.raises(QCGError, match="in the index already"):
@@ -126,7 +116,7 @@ def test_bad_updates_are_refused(tmp_path, embedder):
         remove_documents(tmp_path / "idx", ["no-such-doc"], progress=False)
     with pytest.raises(QCGError, match="empty index"):
         remove_documents(tmp_path / "idx", [p.stem for p in old.glob("*.txt")], progress=False)
-    other = _config(tmp_path, "sentence")
+    other = _config(tmp_path, nodes="sentence")
     other.graph.knn_k = 4
     with pytest.raises(QCGError, match="knn_k=4 .*index has 2"):
         add_documents(tmp_path / "idx", new, other, embedder=embedder, progress=False)
@@ -142,7 +132,7 @@ def test_command_line_add_and_remove(tmp_path):
     assert read_manifest(tmp_path / "idx")["counts"]["documents"] == 3
     doc = next(new.glob("*.txt")).stem
     removed = qcg("index", tmp_path / "idx", "--remove", doc, "--quiet")
-    assert removed.returncode == 0 and f"removed 1 documents" in removed.stdout, removed.stderr
+    assert removed.returncode == 0 and "removed 1 documents" in removed.stdout, removed.stderr
     assert read_manifest(tmp_path / "idx")["counts"]["documents"] == 2
     again = qcg("index", tmp_path / "idx", "--remove", doc)
     assert again.returncode == 2 and "not in the index" in again.stderr
