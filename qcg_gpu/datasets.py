@@ -37,9 +37,6 @@ class EvalSet:
     questions: list[Question]
     problems: list[str] = field(default_factory=list)  # flaws found in the data and what was done about each
 
-    def types(self) -> list[str]:
-        return sorted({q.type for q in self.questions})
-
 
 def load_dataset(name: str, path: str | Path) -> EvalSet:
     loaders = {"lihuaworld": load_lihuaworld, "multihop-rag": load_multihop_rag, "jsonl": load_jsonl}

@@ -100,7 +100,7 @@ class Harness:
         self.index, self.evalset, self.embedder = index, evalset, embedder
         self.retrieval, self.answer_config = retrieval.validate(), answer or AnswerConfig()
         self.llm, self.judge_llm, self.progress = llm, judge_llm or llm, progress
-        self.questions = evalset.questions
+        self.questions, self.types = evalset.questions, _type_order(evalset.questions)
         self.vectors = embedder.encode([q.question for q in self.questions], progress, "questions")
         self.doc_ids = index.chunks.column("doc_id").to_pylist()
 
@@ -112,7 +112,7 @@ class Harness:
         if config.answers:
             self.score_answers(records, config.judge)
         sweeps = {name: self.sweep(name, config) for name in config.sweep_list()}
-        return Evaluation(records, sweeps, _type_order(self.questions))
+        return Evaluation(records, sweeps, self.types)
 
     def retrieve(self, method: str, index: QCGIndex, retrieval: RetrievalConfig) -> np.ndarray:
         """(B, K) chunk ids of every question, -1 padded."""
@@ -185,7 +185,7 @@ class Harness:
             records = self.score_retrieval("qcg", self.retrieve("qcg", variant, retrieval), point)
             if config.sweep_answers and config.answers:
                 self.score_answers(records, config.judge)
-            rows.append({**point, **summarize(records, _type_order(self.questions))[0]})
+            rows.append({**point, **summarize(records, self.types)[0]})
         return rows
 
     def _say(self, message: str) -> None:
