@@ -14,7 +14,7 @@ import pytest
 from qcg_gpu.check import check_index
 from qcg_gpu.index_format import SUPERSEDED, data_dir, load_table, read_manifest
 
-from .conftest import sample_docs
+from .conftest import qcg, sample_docs
 
 
 def _start(*args):
@@ -44,7 +44,7 @@ def test_kill_during_a_rebuild_keeps_a_sound_index(tmp_path, stage):
     docs = sample_docs(tmp_path / "docs", 4)
     index = tmp_path / "index"
     options = ("--nodes", "sentence", "--device", "cpu")
-    assert subprocess.run([sys.executable, "-m", "qcg_gpu.cli", "index", docs, index, *options, "--quiet"]).returncode == 0
+    assert qcg("index", docs, index, *options, "--quiet").returncode == 0
     before = read_manifest(index)
 
     output = _kill_at(_start(docs, index, *options, "--chunk-tokens", "300", "--overwrite"), stage)
@@ -53,8 +53,7 @@ def test_kill_during_a_rebuild_keeps_a_sound_index(tmp_path, stage):
     assert read_manifest(index)["counts"]["chunks"] in (before["counts"]["chunks"], _chunks_at_300(docs))
     assert _visible(tmp_path) == ["docs", "index"]
 
-    rerun = subprocess.run([sys.executable, "-m", "qcg_gpu.cli", "index", docs, index, *options, "--chunk-tokens", "300",
-                            "--overwrite", "--quiet"], capture_output=True, text=True)
+    rerun = qcg("index", docs, index, *options, "--chunk-tokens", "300", "--overwrite", "--quiet")
     assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
     assert check_index(index) == [] and read_manifest(index)["counts"]["chunks"] == _chunks_at_300(docs)
     # besides the live version only published, superseded ones (kept a while for their readers): no orphans
@@ -85,14 +84,12 @@ def test_kill_during_generation_loses_at_most_the_batch_in_flight(tmp_path):
     assert 2 <= done < 6, "the kill should land during generation"
     assert [p for p in _visible(tmp_path) if not p.startswith("cache.sqlite")] == ["docs"]  # no index, not even a partial one
 
-    rerun = subprocess.run([sys.executable, "-m", "qcg_gpu.cli", "index", docs, index, *options, "--quiet"],
-                           capture_output=True, text=True)
+    rerun = qcg("index", docs, index, *options, "--quiet")
     assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
     assert f"{6 - done} chunks generated, {done} from cache" in rerun.stdout  # nothing finished was regenerated
     assert check_index(index) == []
     # and a third run, entirely from the cache, writes the same index
-    again = subprocess.run([sys.executable, "-m", "qcg_gpu.cli", "index", docs, tmp_path / "again", *options, "--quiet"],
-                           capture_output=True, text=True)
+    again = qcg("index", docs, tmp_path / "again", *options, "--quiet")
     assert "0 chunks generated, 6 from cache" in again.stdout
     assert load_table(tmp_path / "again", "pairs").equals(load_table(index, "pairs"))
 
