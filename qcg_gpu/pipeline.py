@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from . import doc2query
 from .cache import GenerationCache
 from .chunking import Chunk, chunk_document, load_tokenizer
-from .config import IndexConfig
+from .config import IndexConfig, NodeConfig
 from .doc2query_minus import keep_mask
 from .documents import SkipLog, read_documents
 from .embedding import Embedder
@@ -97,16 +97,21 @@ def build_index(
     overwrite: bool = False,
     llm: LLMBackend | None = None,
     embedder: Embedder | None = None,
+    cluster=None,
     progress: bool = True,
 ) -> IndexSummary:
     """Build a QCG index of the documents at ``input_path`` into the directory ``out``.
 
-    ``llm`` and ``embedder`` may be passed in to reuse loaded models across builds.
+    ``llm`` and ``embedder`` may be passed in to reuse loaded models across builds. With a
+    ``cluster`` (:class:`distributed.RayCluster`), generation, embedding and the kNN graph
+    run on its workers and give the same index.
     """
     config = (config or IndexConfig()).validate()
     out = Path(out)
     check_writable(out, overwrite)
     summary = IndexSummary(out=out)
+    if cluster is not None:
+        llm = llm or cluster.llm(config.generation)
 
     with stage(summary, "chunk", progress):
         chunks = read_chunks(input_path, config, summary, progress)
@@ -118,12 +123,13 @@ def build_index(
         pairs = generate_pairs(chunks, llm, model_name, config, summary, progress)
 
     with stage(summary, "load_embedder", progress):
-        embedder = embedder or Embedder(config.nodes.embedder, config.nodes.device, config.nodes.embed_batch_size)
+        embedder = embedder or load_embedder(config.nodes, cluster)
     with stage(summary, "embed", progress):
         chunk_emb, pair_emb, nodes, node_emb = embed_and_select(chunks, pairs, config, embedder, progress)
 
     with stage(summary, "knn", progress):
-        graph = knn_graph(node_emb, config.graph.knn_k, config.graph.knn_backend, config.nodes.device, progress)
+        build_graph = cluster.knn_graph if cluster else knn_graph
+        graph = build_graph(node_emb, config.graph.knn_k, config.graph.knn_backend, config.nodes.device, progress)
 
     summary.pairs_valid, summary.pairs_kept = len(pairs["chunk_id"]), int(pairs["kept"].sum())
     summary.nodes, summary.edges = len(nodes.text), len(graph.indices)
@@ -135,6 +141,13 @@ def build_index(
     write_index(out, index_tables(chunks, pairs, nodes), arrays, graph, _manifest(config, summary, model_name, embedder),
                 summary, progress)
     return summary
+
+
+def load_embedder(config: NodeConfig, cluster=None) -> Embedder:
+    """The embedder ``config`` names: in this process, or one per worker of a Ray ``cluster``."""
+    if cluster is not None:
+        return cluster.embedder(config)
+    return Embedder(config.embedder, config.device, config.embed_batch_size)
 
 
 def write_index(out: Path, tables: dict, arrays: dict, graph: KnnGraph, manifest: dict, summary: IndexSummary,
@@ -219,12 +232,10 @@ def generate_pairs(chunks: list[Chunk], llm: LLMBackend | None, model_name: str,
 
 def _generate_missing(chunks, keys, missing, llm: LLMBackend, gen, cache: GenerationCache, replies: dict, failed: dict,
                       summary: IndexSummary, progress: bool) -> None:
-    sampling = doc2query.sampling_spec(gen)
-    for start in range(0, len(missing), gen.batch_chunks):
-        batch = missing[start : start + gen.batch_chunks]
-        completions = llm.chat([doc2query.build_conversation(chunks[i].text, gen.m) for i in batch], sampling, progress)
+    conversations = [doc2query.build_conversation(chunks[i].text, gen.m) for i in missing]
+    for rows, completions in chat_batches(llm, conversations, doc2query.sampling_spec(gen), gen.batch_chunks, progress):
         fresh = {}
-        for i, completion in zip(batch, completions):
+        for i, completion in zip((missing[r] for r in rows), completions):
             if completion.error:
                 failed[keys[i]] = completion.error
                 continue
@@ -238,6 +249,17 @@ def _generate_missing(chunks, keys, missing, llm: LLMBackend, gen, cache: Genera
             summary.generated_output_tokens += completion.output_tokens
         cache.put_many(fresh)
         replies.update(fresh)
+
+
+def chat_batches(llm: LLMBackend, conversations: list, sampling, batch_size: int, progress: bool):
+    """(rows, completions) per batch of ``conversations`` as each finishes; a backend that
+    schedules batches itself (:class:`distributed.RayLLM`) streams them in its own order."""
+    if hasattr(llm, "chat_batches"):
+        yield from llm.chat_batches(conversations, sampling, batch_size, progress)
+        return
+    for start in range(0, len(conversations), batch_size):
+        batch = conversations[start : start + batch_size]
+        yield range(start, start + len(batch)), llm.chat(batch, sampling, progress)
 
 
 def _parse_replies(keys: list[str], replies: dict, failed: dict, gen, summary: IndexSummary) -> dict:

@@ -1,0 +1,284 @@
+"""Scale-out on Ray: the index build and batch retrieval split over workers (GPUs, nodes).
+
+The single-process code is reused step by step; Ray only decides where each heavy step
+runs, with the same inputs and outputs:
+
+* Doc2Query generation (:class:`RayLLM`): a Ray Data stream of the chunks that have no
+  reply yet, through an actor pool holding one vLLM engine per worker (a GPU each on a
+  GPU cluster). The driver caches every batch as it arrives, so a failure loses nothing
+  finished, exactly like the single-process build.
+* Embedding (:class:`RayEmbedder`): one embedder per worker, kept for the whole build;
+  texts go out in ordered blocks.
+* kNN graph (:meth:`RayCluster.knn_graph`): row blocks searched and ranked exactly by
+  tasks over the embeddings in Ray's shared-memory object store, then concatenated.
+* Retrieval (:class:`RayRetriever`): each worker holds the index (through the object
+  store, zero-copy), the queries are split in order and the results put back together.
+
+Given the same LLM replies (the generation cache), the index equals the single-process
+one byte for byte: the embedder gives the same bits whatever the batch split and thread
+count, and the kNN rows are ranked exactly. The replies themselves can differ between
+two runs that batch differently: LLM sampling is not batch-invariant (vLLM, any engine).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from .capabilities import require, with_cuda
+from .config import GenerationConfig, NodeConfig, option
+from .embedding import length_batches
+from .errors import QCGError
+from .knn import KnnGraph, _degree, _search_width, rank_candidates, search_candidates
+from .llm import Completion, SamplingSpec, llm_name
+
+EMBED_BLOCK_BATCHES = 8  # embedder batches per block sent to one worker
+
+
+@dataclass
+class RayConfig:
+    ray: bool = option(False, "Run on a Ray cluster: the build's generation, embedding and kNN, or the queries' retrieval, split over workers.")
+    ray_address: str = option(
+        "local",
+        "Ray cluster for --ray: 'local' starts one on this machine, 'auto' joins the one `ray start` runs here, or ray://HOST:10001.",
+    )
+    ray_workers: Optional[int] = option(None, "Workers (model replicas) for --ray (default: one per GPU of the cluster, else one per CPU core).")
+
+    def validate(self) -> "RayConfig":
+        if self.ray_workers is not None and self.ray_workers < 1:
+            raise QCGError(f"ray_workers must be >= 1, got {self.ray_workers}")
+        if not self.ray and (self.ray_address != "local" or self.ray_workers is not None):
+            raise QCGError("--ray-address and --ray-workers apply only with --ray")
+        return self
+
+
+class RayCluster:
+    """A connection to a Ray cluster (started here for ``local``) and the share of it each worker gets."""
+
+    def __init__(self, config: RayConfig):
+        self.ray = require("ray")
+        config.validate()
+        if not self.ray.is_initialized():
+            local = config.ray_address == "local"
+            try:
+                self.ray.init(address=None if local else config.ray_address, num_cpus=os.cpu_count() if local else None,
+                              include_dashboard=False, logging_level=logging.WARNING, configure_logging=False,
+                              ignore_reinit_error=True)
+            except Exception as exc:  # ConnectionError, or a failed local start
+                raise QCGError(f"cannot connect to the Ray cluster {config.ray_address!r}: {exc}") from exc
+        resources = self.ray.cluster_resources()
+        self.gpus = int(resources.get("GPU", 0))
+        cpus = max(int(resources.get("CPU", 1)), 1)
+        self.workers = config.ray_workers or self.gpus or cpus
+        # A GPU each when the cluster has enough; else the CPU cores shared out.
+        self.worker_resources = {"num_gpus": 1} if 0 < self.workers <= self.gpus else {"num_cpus": max(1, cpus // self.workers)}
+        self._actors = []  # the stage holding the workers now (one stage at a time: each takes all of them)
+
+    def release(self) -> None:
+        """End the actors of the last stage, so that the next one gets the workers' resources."""
+        for actor in self._actors:
+            self.ray.kill(actor)
+        self._actors = []
+
+    def llm(self, config: GenerationConfig) -> "RayLLM":
+        return RayLLM(config, self)
+
+    def embedder(self, config: NodeConfig) -> "RayEmbedder":
+        return RayEmbedder(config, self)
+
+    def knn_graph(self, embeddings: np.ndarray, k: int, backend: str = "auto", device: str | None = None,
+                  progress: bool = False) -> KnnGraph:
+        """:func:`knn.knn_graph` with its row blocks searched and ranked by Ray tasks."""
+        emb = np.ascontiguousarray(embeddings, dtype=np.float32)
+        n = len(emb)
+        k_eff = _degree(k, n)
+        if k_eff == 0:
+            return KnnGraph.from_rows(np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32))
+        self.release()
+        shared = self.ray.put(emb)
+        blocks = [b for b in np.array_split(np.arange(n), self.workers * 4) if len(b)]
+        task = self.ray.remote(**self.worker_resources)(_knn_rows)
+        futures = [task.remote(shared, int(b[0]), int(b[-1]) + 1, k_eff, _search_width(k_eff, n), backend, device) for b in blocks]
+        parts = _gather(self.ray, futures, progress, "kNN blocks")
+        return KnnGraph.from_rows(np.concatenate([ids for ids, _ in parts]), np.concatenate([s for _, s in parts]))
+
+    def actors(self, cls, *args) -> list:
+        """One actor of ``cls`` per worker, each with its share of the cluster."""
+        self.release()
+        actor = self.ray.remote(**self.worker_resources)(cls)
+        self._actors = [actor.remote(*args) for _ in range(self.workers)]
+        return self._actors
+
+
+def _knn_rows(emb: np.ndarray, start: int, stop: int, k: int, width: int, backend: str, device: str | None):
+    rows = np.arange(start, stop)
+    candidates = search_candidates(emb[start:stop], emb, width, backend, device)
+    return rank_candidates(emb, candidates, k, rows=rows)
+
+
+def _gather(ray, futures: list, progress: bool, desc: str) -> list:
+    """Results of ``futures`` in their order, with a progress bar as they finish."""
+    with tqdm(total=len(futures), desc=desc, disable=not progress) as bar:
+        pending = list(futures)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            ray.get(done)  # raise a worker's error now
+            bar.update(len(done))
+    return ray.get(futures)
+
+
+# ---- generation: Ray Data through a pool of vLLM engines ----
+
+class _LLMWorker:
+    """Ray Data callable class: one LLM backend per actor, loaded once, then a batch per call."""
+
+    def __init__(self, generation: dict, sampling: SamplingSpec):
+        from .llm import make_backend
+
+        if not with_cuda():  # Ray gives each actor its cores (OMP_NUM_THREADS); vLLM must not pin to all of them
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+        self.llm = make_backend(GenerationConfig(**generation))
+        self.sampling = sampling
+
+    def __call__(self, batch: dict) -> dict:
+        completions = self.llm.chat([json.loads(c) for c in batch["conversation"]], self.sampling, progress=False)
+        return {
+            "row": batch["row"],
+            "text": np.array([c.text for c in completions], dtype=object),
+            "prompt_tokens": np.array([c.prompt_tokens for c in completions], dtype=np.int64),
+            "output_tokens": np.array([c.output_tokens for c in completions], dtype=np.int64),
+            "finish_reason": np.array([c.finish_reason or "" for c in completions], dtype=object),
+            "error": np.array([c.error or "" for c in completions], dtype=object),
+        }
+
+
+class RayLLM:
+    """An LLM backend whose conversations are answered by a pool of engines on Ray workers.
+
+    ``chat_batches`` streams (rows, completions) as batches finish, in any order, so the
+    caller can cache each one; ``chat`` is the plain backend call."""
+
+    def __init__(self, config: GenerationConfig, cluster: RayCluster):
+        self.config, self.cluster = config, cluster
+        self.model_name = llm_name(config)
+
+    def chat(self, conversations, sampling: SamplingSpec, progress: bool = True) -> list[Completion]:
+        out = [Completion()] * len(conversations)
+        for rows, completions in self.chat_batches(conversations, sampling, self.config.batch_chunks, progress):
+            for row, completion in zip(rows, completions):
+                out[row] = completion
+        return out
+
+    def chat_batches(self, conversations, sampling: SamplingSpec, batch_size: int, progress: bool = True):
+        if not conversations:
+            return
+        ray, workers = self.cluster.ray, self.cluster.workers
+        self.cluster.release()
+        # Each worker should get several batches (balance, frequent caching), but no engine a tiny one.
+        size = max(1, min(batch_size, -(-len(conversations) // workers)))
+        ray.data.DataContext.get_current().enable_progress_bars = progress
+        items = [{"row": i, "conversation": json.dumps(c)} for i, c in enumerate(conversations)]
+        dataset = ray.data.from_items(items, override_num_blocks=-(-len(items) // size)).map_batches(
+            _LLMWorker, fn_constructor_kwargs={"generation": dataclasses.asdict(self.config), "sampling": sampling},
+            batch_size=size, batch_format="numpy", concurrency=min(workers, -(-len(items) // size)),
+            **self.cluster.worker_resources,
+        )
+        try:
+            for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
+                completions = [
+                    Completion(text=t, prompt_tokens=int(p), output_tokens=int(o), finish_reason=f or None, error=e or None)
+                    for t, p, o, f, e in zip(batch["text"], batch["prompt_tokens"], batch["output_tokens"],
+                                             batch["finish_reason"], batch["error"])
+                ]
+                yield batch["row"].tolist(), completions
+        except ray.exceptions.RayError as exc:
+            raise QCGError(f"generation on Ray failed (the batches that finished are cached; rerun to go on): {exc}") from exc
+
+
+# ---- embedding: one embedder per worker ----
+
+class _EmbedWorker:
+    def __init__(self, model: Optional[str], device: Optional[str], batch_size: int, cpu_threads: int):
+        import torch
+
+        from .embedding import Embedder
+
+        self.embedder = Embedder(model, device, batch_size)
+        if self.embedder.device == "cpu":
+            # CPU GEMMs round differently with another thread count: use the driver's, so each text gets
+            # the bits one process would give it (Ray's one thread per CPU asked would not).
+            torch.set_num_threads(cpu_threads)
+
+    def describe(self) -> tuple[str, int]:
+        return self.embedder.model_name, self.embedder.dim
+
+    def encode_batches(self, batches: list[list[str]]) -> list[np.ndarray]:
+        return [self.embedder.encode_batch(texts) for texts in batches]
+
+
+class RayEmbedder:
+    """:class:`embedding.Embedder`'s interface, with the texts embedded by one embedder per worker."""
+
+    def __init__(self, config: NodeConfig, cluster: RayCluster):
+        self.cluster, self.batch_size = cluster, config.embed_batch_size
+        torch = require("torch")
+        self._workers = cluster.actors(_EmbedWorker, config.embedder, config.device, config.embed_batch_size, torch.get_num_threads())
+        self.model_name, self.dim = cluster.ray.get(self._workers[0].describe.remote())
+
+    def encode(self, texts: list[str], progress: bool = False, desc: str = "embed") -> np.ndarray:
+        batches = length_batches(texts, self.batch_size)  # the batches one process would embed
+        blocks = [batches[s : s + EMBED_BLOCK_BATCHES] for s in range(0, len(batches), EMBED_BLOCK_BATCHES)]
+        futures = [self._workers[i % len(self._workers)].encode_batches.remote([[texts[r] for r in rows] for rows in block])
+                   for i, block in enumerate(blocks)]
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for block, vectors in zip(blocks, _gather(self.cluster.ray, futures, progress, desc)):
+            for rows, batch in zip(block, vectors):
+                out[rows] = batch
+        return out
+
+
+# ---- retrieval: queries split over workers holding the index ----
+
+class _RetrievalWorker:
+    def __init__(self):
+        self.retrievers = {}  # index key -> Retriever, so sweeps over one index load it once
+
+    def search(self, key: str, index_ref: list, config, queries: np.ndarray):
+        import ray
+
+        from .retrieval import Retriever
+
+        if key not in self.retrievers:  # the ref comes in a list so that Ray fetches the index only here
+            self.retrievers[key] = Retriever(ray.get(index_ref[0]), config)
+        return self.retrievers[key].search(queries, config)
+
+
+class RayRetriever:
+    """Batch retrieval with the queries split in order over Ray workers; the same
+    :class:`retrieval.RetrievalResult` as one :class:`retrieval.Retriever` gives."""
+
+    def __init__(self, cluster: RayCluster):
+        self.cluster = cluster
+        self._workers = cluster.actors(_RetrievalWorker)
+        self._shared = {}  # id(index) -> (index, object ref): each index goes to the object store once
+
+    def search(self, index, queries: np.ndarray, config, progress: bool = False):
+        from .retrieval import RetrievalResult, check_queries
+
+        config = config.validate()
+        q = check_queries(queries, index.dim)
+        if id(index) not in self._shared:
+            self._shared[id(index)] = (index, self.cluster.ray.put(index))
+        ref = self._shared[id(index)][1]
+        key = f"{id(index)}:{config.resolved_backend()}:{config.prefilter}:{config.device}"
+        shards = [s for s in np.array_split(np.arange(len(q)), len(self._workers)) if len(s)]
+        futures = [w.search.remote(key, [ref], config, q[s[0] : s[-1] + 1]) for w, s in zip(self._workers, shards)]
+        parts = _gather(self.cluster.ray, futures, progress, "retrieve")
+        return RetrievalResult(*(np.concatenate([getattr(p, f.name) for p in parts])
+                                 for f in dataclasses.fields(RetrievalResult)))
