@@ -232,12 +232,15 @@ class RayEmbedder:
         self.model_name, self.dim = cluster.ray.get(self._workers[0].describe.remote())
 
     def encode(self, texts: list[str], progress: bool = False, desc: str = "embed") -> np.ndarray:
+        from ray.util import ActorPool
+
         batches = length_batches(texts, self.batch_size)  # the batches one process would embed
         blocks = [batches[s : s + EMBED_BLOCK_BATCHES] for s in range(0, len(batches), EMBED_BLOCK_BATCHES)]
-        futures = [self._workers[i % len(self._workers)].encode_batches.remote([[texts[r] for r in rows] for rows in block])
-                   for i, block in enumerate(blocks)]
+        # The pool hands a block to whichever worker is free, so only one block per worker is in flight.
+        results = ActorPool(self._workers).map(
+            lambda worker, block: worker.encode_batches.remote([[texts[r] for r in rows] for rows in block]), blocks)
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for block, vectors in zip(blocks, _gather(self.cluster.ray, futures, progress, desc)):
+        for block, vectors in zip(blocks, tqdm(results, total=len(blocks), desc=desc, unit="block", disable=not progress)):
             for rows, batch in zip(block, vectors):
                 out[rows] = batch
         return out
@@ -265,13 +268,15 @@ class RayRetriever:
 
     def __init__(self, cluster: RayCluster):
         self.cluster = cluster
-        self._workers = cluster.actors(_RetrievalWorker)
+        self._workers = []
         self._shared = {}  # id(index) -> (index, object ref): each index goes to the object store once
 
     def search(self, index, queries: np.ndarray, config, progress: bool = False):
         from .retrieval import RetrievalResult, check_queries
 
         config = config.validate()
+        if self._workers is not self.cluster._actors:  # first call, or another stage took the workers since
+            self._workers = self.cluster.actors(_RetrievalWorker)
         q = check_queries(queries, index.dim)
         if id(index) not in self._shared:
             self._shared[id(index)] = (index, self.cluster.ray.put(index))

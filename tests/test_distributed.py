@@ -116,3 +116,23 @@ def test_command_line_index_and_query_with_ray(tmp_path):
 def test_ray_options_without_ray_are_refused(tmp_path):
     done = qcg("index", tmp_path, tmp_path / "idx", "--ray-workers", "2")
     assert done.returncode == 2 and "apply only with --ray" in done.stderr
+
+
+@pytest.mark.llm
+def test_eval_with_ray_retrieval_equals_one_process(small_index, embedder, cluster, tmp_path):
+    from qcg_gpu.datasets import load_dataset
+    from qcg_gpu.evaluate import EvalConfig, Harness
+    from qcg_gpu.retrieval import QCGIndex
+
+    from .test_eval import QUESTIONS
+
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    index, evalset = QCGIndex.load(small_index), load_dataset("jsonl", questions)
+    # an ablation (a derived in-memory index) and a sweep over derived kNN graphs go through the workers too
+    config = EvalConfig(methods="qcg,qcg-q", sweeps="knn,seeds", answers=False)
+    runs = [Harness(index, evalset, embedder, RetrievalConfig(gamma=1.0), progress=False, ray_retriever=retriever).run(config)
+            for retriever in (RayRetriever(cluster), None)]
+    same = [json.dumps([run.records, run.sweeps]) for run in runs]  # as JSON: NaN (no evidence) equals NaN there
+    assert same[0] == same[1]
+    assert {r["method"] for r in runs[0].records} == {"qcg", "qcg-q"} and len(runs[0].sweeps["knn"]) > 1

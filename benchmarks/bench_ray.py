@@ -1,0 +1,133 @@
+"""The Ray path's overhead against one process, side by side in one run on this machine.
+
+    python benchmarks/bench_ray.py                # ~10 min on 2 CPU cores
+    python benchmarks/bench_ray.py --limit 0 --llm-limit 24 --queries 10000 --nodes 100000
+
+Each measurement runs once in one process and once on a local Ray cluster (``--workers``):
+
+1. ``qcg index`` with sentence nodes (no LLM: embedding and kNN) over ``--limit`` documents;
+2. ``qcg index`` with q+a nodes over ``--llm-limit`` documents, fresh caches (both generate every chunk);
+3. retrieval of ``--queries`` queries over a synthetic index of ``--nodes`` nodes, in this process.
+
+Builds run as the commands a user types, in fresh processes, so the Ray rows include starting the
+cluster and its workers. Both builds must write the same index (checked: data files byte for byte).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from qcg_gpu.index_format import read_manifest
+from qcg_gpu.knn import knn_graph
+from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever
+
+DEFAULT_DOCS = Path(__file__).resolve().parents[2] / "shared" / "data" / "lihuaworld" / "docs"
+
+
+def copy_docs(source: Path, target: Path, limit: int) -> Path:
+    target.mkdir(parents=True)
+    for path in sorted(source.rglob("*.txt"))[: limit or None]:
+        (target / f"{path.parent.name}_{path.name}").write_text(path.read_text())
+    return target
+
+
+def timed_build(docs: Path, out: Path, options: list[str]) -> dict:
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "qcg_gpu.cli", "index", str(docs), str(out), "--quiet", *options],
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"qcg index {' '.join(options)} failed:\n{done.stderr[-3000:]}")
+    manifest = read_manifest(out)
+    return {"wall_s": round(wall, 2), "stages_s": {k: round(v, 2) for k, v in manifest["stage_seconds"].items()},
+            "chunks": manifest["counts"]["chunks"], "nodes": manifest["counts"]["nodes"]}
+
+
+def same_data(a: Path, b: Path) -> bool:
+    da, db = a / read_manifest(a)["data_dir"], b / read_manifest(b)["data_dir"]
+    names = sorted(p.name for p in da.iterdir())
+    return names == sorted(p.name for p in db.iterdir()) and all((da / n).read_bytes() == (db / n).read_bytes() for n in names)
+
+
+def compare_builds(name: str, docs: Path, work: Path, options: list[str], workers: int) -> dict:
+    one = timed_build(docs, work / f"{name}-one", options + ["--cache", str(work / f"{name}-one.sqlite")])
+    ray = timed_build(docs, work / f"{name}-ray", options + ["--cache", str(work / f"{name}-ray.sqlite"),
+                                                              "--ray", "--ray-workers", str(workers)])
+    row = {"what": f"build, {name}", "one_process": one, "ray": ray, "ray_over_one": round(ray["wall_s"] / one["wall_s"], 2)}
+    if name == "sentence":  # no LLM: the same index expected byte for byte
+        row["identical"] = same_data(work / f"{name}-one", work / f"{name}-ray")
+    return row
+
+
+def synthetic_index(n: int, dim: int, seed: int = 0) -> QCGIndex:
+    rng = np.random.default_rng(seed)
+    centers = rng.standard_normal((64, dim))
+    x = centers[rng.integers(0, 64, n)] + 0.7 * rng.standard_normal((n, dim))
+    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    graph = knn_graph(x, 2, "auto", "cpu")
+    node_chunk = np.sort(rng.integers(0, n // 20, n)).astype(np.int64)
+    return QCGIndex(None, {}, x, graph.indptr, graph.indices, node_chunk, n // 20)
+
+
+def compare_retrieval(n: int, b: int, workers: int) -> dict:
+    from qcg_gpu.distributed import RayCluster, RayConfig, RayRetriever
+
+    index = synthetic_index(n, 384)
+    rng = np.random.default_rng(1)
+    q = index.node_embeddings[rng.integers(0, n, b)] + 0.5 * rng.standard_normal((b, 384)).astype(np.float32)
+    config = RetrievalConfig(backend="numpy")
+    start = time.perf_counter()
+    want = Retriever(index, config).search(q)
+    one = time.perf_counter() - start
+    start = time.perf_counter()
+    cluster = RayCluster(RayConfig(ray=True, ray_workers=workers))
+    connect = time.perf_counter() - start
+    retriever = RayRetriever(cluster)
+    times = []
+    for _ in range(2):  # the first call also ships the index and sets the workers up
+        start = time.perf_counter()
+        got = retriever.search(index, q, config)
+        times.append(time.perf_counter() - start)
+    same = all(np.array_equal(getattr(got, f), getattr(want, f)) for f in ("chunk_ids", "scores", "seed_ids"))
+    return {"what": f"retrieval, N={n}, B={b}", "one_process_s": round(one, 2), "ray_connect_s": round(connect, 2),
+            "ray_first_call_s": round(times[0], 2), "ray_next_call_s": round(times[1], 2),
+            "ray_over_one": round(times[1] / one, 2), "identical": same}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--docs", type=Path, default=DEFAULT_DOCS)
+    parser.add_argument("--limit", type=int, default=120, help="documents for the sentence-node build (0 = all)")
+    parser.add_argument("--llm-limit", type=int, default=8, help="documents for the q+a build with the LLM (0 = skip it)")
+    parser.add_argument("--m", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--nodes", type=int, default=100_000, help="nodes of the synthetic retrieval index")
+    parser.add_argument("--queries", type=int, default=10_000)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "bench_ray.json")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="qcg-bench-ray-"))
+    common = ["--device", "cpu"]
+    rows = [compare_builds("sentence", copy_docs(args.docs, work / "docs", args.limit), work,
+                           common + ["--nodes", "sentence"], args.workers)]
+    print(json.dumps(rows[-1]), flush=True)
+    if args.llm_limit:
+        rows.append(compare_builds("q+a", copy_docs(args.docs, work / "llm-docs", args.llm_limit), work,
+                                   common + ["--m", str(args.m)], args.workers))
+        print(json.dumps(rows[-1]), flush=True)
+    rows.append(compare_retrieval(args.nodes, args.queries, args.workers))
+    print(json.dumps(rows[-1]), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"machine": platform.processor() or platform.machine(), "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
