@@ -159,7 +159,8 @@ def run_query(args) -> int:
 
     config = _retrieval_config(args)
     index = QCGIndex.load(args.index, verify=not args.no_verify)
-    llm = _answering_llm(args) if args.command == "answer" else None  # fail fast, before any retrieval work
+    cluster = _ray_cluster(args)
+    llm = _answering_llm(args, cluster) if args.command == "answer" else None  # fail fast, before any retrieval work
     if args.embeddings:
         vectors = query.load_query_embeddings(args.embeddings)
         ids, texts = [str(i) for i in range(len(np.atleast_2d(vectors)))], None
@@ -170,7 +171,6 @@ def run_query(args) -> int:
         vectors = embedder.encode(texts)
     vectors = check_queries(vectors, index.dim)
     if args.method == "qcg":
-        cluster = _ray_cluster(args)
         result = RayRetriever(cluster).search(index, vectors, config) if cluster else Retriever(index, config).search(vectors)
     else:
         result = baselines.search(index, args.method, embedder or query.index_embedder(index, args.embed_device), vectors, config)
@@ -183,15 +183,17 @@ def run_query(args) -> int:
     return 0
 
 
-def _answering_llm(args):
+def _answering_llm(args, cluster=None, model: str | None = None):
+    """The answering (or, with ``model``, judging) LLM: in this process, or one engine per Ray worker."""
     from .llm import make_backend
 
     if getattr(args, "embeddings", None):
         raise QCGError("qcg answer needs query texts (--query or --queries), not --embeddings")
     generation = _fill(GenerationConfig(), args)
+    generation.model = model or generation.model
     if generation.backend == "openai" and (not generation.base_url or not generation.model):
         raise QCGError("--backend openai needs --base-url and --model")
-    return make_backend(generation)
+    return cluster.llm(generation) if cluster else make_backend(generation)
 
 
 def _answer(args, llm, index, records, texts):
@@ -228,21 +230,18 @@ def run_eval(args) -> int:
     compared = {label: QCGIndex.load(path, verify=not args.no_verify) for label, path in compare_paths.items()}
     for label, other in compared.items():
         evalset.problems += [f"[{label}] {p}" for p in _evidence_outside(other, evalset)]
+    cluster = _ray_cluster(args)
+    ray_retriever = RayRetriever(cluster) if cluster else None
     llm = judge_llm = None
     if config.answers:
-        llm = _answering_llm(args)
+        llm = _answering_llm(args, cluster)
         if config.judge and args.judge_model:
-            from .llm import make_backend
-
-            judge_llm = make_backend(dataclasses.replace(_fill(GenerationConfig(), args), model=args.judge_model))
+            judge_llm = _answering_llm(args, cluster, model=args.judge_model)
     answer_config = _fill(AnswerConfig(), args)
 
     def harness(ix):
         return Harness(ix, evalset, index_embedder(ix, args.embed_device), retrieval, answer_config, llm, judge_llm,
                        progress=not args.quiet, ray_retriever=ray_retriever)
-
-    cluster = _ray_cluster(args)
-    ray_retriever = RayRetriever(cluster) if cluster else None
 
     evaluation = harness(index).run(config)
     for label, other in compared.items():  # the same methods on another index of the corpus; sweeps on the main one only

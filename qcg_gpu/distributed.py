@@ -186,7 +186,10 @@ class RayLLM:
         items = [{"row": i, "conversation": json.dumps(c)} for i, c in enumerate(conversations)]
         dataset = ray.data.from_items(items, override_num_blocks=-(-len(items) // size)).map_batches(
             _LLMWorker, fn_constructor_kwargs={"generation": dataclasses.asdict(self.config), "sampling": sampling},
-            batch_size=size, batch_format="numpy", concurrency=min(workers, -(-len(items) // size)),
+            batch_size=size, batch_format="numpy",
+            # a fixed pool, one batch per engine at a time: else the first engine up queues the batches
+            # meant for the others while they are still loading
+            compute=ray.data.ActorPoolStrategy(size=min(workers, -(-len(items) // size)), max_tasks_in_flight_per_actor=1),
             **self.cluster.worker_resources,
         )
         try:
