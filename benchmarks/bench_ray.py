@@ -6,7 +6,9 @@
 Each measurement runs once in one process and once on a local Ray cluster (``--workers``):
 
 1. ``qcg index`` with sentence nodes (no LLM: embedding and kNN) over ``--limit`` documents;
-2. ``qcg index`` with q+a nodes over ``--llm-limit`` documents, fresh caches (both generate every chunk);
+2. ``qcg index`` with q+a nodes over ``--llm-limit`` documents, fresh caches (both generate every chunk),
+   greedy decoding (``--temperature 0``) so that both runs write about the same replies: with sampling,
+   one reply that runs on to ``max_tokens`` in one run and not in the other decides the comparison;
 3. retrieval of ``--queries`` queries over a synthetic index of ``--nodes`` nodes, in this process.
 
 Builds run as the commands a user types, in fresh processes, so the Ray rows include starting the
@@ -47,8 +49,12 @@ def timed_build(docs: Path, out: Path, options: list[str]) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"qcg index {' '.join(options)} failed:\n{done.stderr[-3000:]}")
     manifest = read_manifest(out)
-    return {"wall_s": round(wall, 2), "stages_s": {k: round(v, 2) for k, v in manifest["stage_seconds"].items()},
-            "chunks": manifest["counts"]["chunks"], "nodes": manifest["counts"]["nodes"]}
+    row = {"wall_s": round(wall, 2), "stages_s": {k: round(v, 2) for k, v in manifest["stage_seconds"].items()},
+           "chunks": manifest["counts"]["chunks"], "nodes": manifest["counts"]["nodes"]}
+    generated = manifest["llm_tokens"]["generated_output_this_run"]
+    if generated:
+        row |= {"output_tokens": generated, "output_tok_per_s": round(generated / manifest["stage_seconds"]["generate"], 1)}
+    return row
 
 
 def same_data(a: Path, b: Path) -> bool:
@@ -106,25 +112,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--docs", type=Path, default=DEFAULT_DOCS)
     parser.add_argument("--limit", type=int, default=120, help="documents for the sentence-node build (0 = all)")
-    parser.add_argument("--llm-limit", type=int, default=8, help="documents for the q+a build with the LLM (0 = skip it)")
+    parser.add_argument("--llm-limit", type=int, default=8, help="documents for the q+a build with the LLM")
     parser.add_argument("--m", type=int, default=20)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--nodes", type=int, default=100_000, help="nodes of the synthetic retrieval index")
     parser.add_argument("--queries", type=int, default=10_000)
+    parser.add_argument("--parts", default="sentence,llm,retrieval", help="which measurements to run")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "bench_ray.json")
     args = parser.parse_args()
+    parts = args.parts.split(",")
 
     work = Path(tempfile.mkdtemp(prefix="qcg-bench-ray-"))
     common = ["--device", "cpu"]
-    rows = [compare_builds("sentence", copy_docs(args.docs, work / "docs", args.limit), work,
-                           common + ["--nodes", "sentence"], args.workers)]
-    print(json.dumps(rows[-1]), flush=True)
-    if args.llm_limit:
-        rows.append(compare_builds("q+a", copy_docs(args.docs, work / "llm-docs", args.llm_limit), work,
-                                   common + ["--m", str(args.m)], args.workers))
+    rows = []
+    if "sentence" in parts:
+        rows.append(compare_builds("sentence", copy_docs(args.docs, work / "docs", args.limit), work,
+                                   common + ["--nodes", "sentence"], args.workers))
         print(json.dumps(rows[-1]), flush=True)
-    rows.append(compare_retrieval(args.nodes, args.queries, args.workers))
-    print(json.dumps(rows[-1]), flush=True)
+    if "llm" in parts:
+        rows.append(compare_builds("q+a", copy_docs(args.docs, work / "llm-docs", args.llm_limit), work,
+                                   common + ["--m", str(args.m), "--temperature", "0"], args.workers))
+        print(json.dumps(rows[-1]), flush=True)
+    if "retrieval" in parts:
+        rows.append(compare_retrieval(args.nodes, args.queries, args.workers))
+        print(json.dumps(rows[-1]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"machine": platform.processor() or platform.machine(), "rows": rows}, indent=2))
 

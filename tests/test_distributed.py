@@ -136,3 +136,16 @@ def test_eval_with_ray_retrieval_equals_one_process(small_index, embedder, clust
     same = [json.dumps([run.records, run.sweeps]) for run in runs]  # as JSON: NaN (no evidence) equals NaN there
     assert same[0] == same[1]
     assert {r["method"] for r in runs[0].records} == {"qcg", "qcg-q"} and len(runs[0].sweeps["knn"]) > 1
+
+
+@pytest.mark.llm
+def test_answers_from_engines_on_ray_workers(cluster):
+    from qcg_gpu.answer import AnswerConfig, answer_questions
+    from qcg_gpu.config import GenerationConfig
+
+    questions = ["What colour is the bike?", "Who bakes the bread?", "Where is the meeting?"]
+    contexts = ["Li Hua rides a red bike to work.", "Adam bakes the bread every morning.", "The meeting is in room 4."]
+    completions = answer_questions(cluster.llm(GenerationConfig()), questions, contexts, AnswerConfig(max_answer_tokens=16),
+                                   progress=False)
+    assert len(completions) == 3 and not any(c.error for c in completions)
+    assert all(c.text.strip() and 0 < c.output_tokens <= 16 for c in completions)
