@@ -8,16 +8,17 @@ runs, with the same inputs and outputs:
   GPU cluster). The driver caches every batch as it arrives, so a failure loses nothing
   finished, exactly like the single-process build.
 * Embedding (:class:`RayEmbedder`): one embedder per worker, kept for the whole build;
-  texts go out in ordered blocks.
+  blocks of batches go to whichever worker is free.
 * kNN graph (:meth:`RayCluster.knn_graph`): row blocks searched and ranked exactly by
   tasks over the embeddings in Ray's shared-memory object store, then concatenated.
 * Retrieval (:class:`RayRetriever`): each worker holds the index (through the object
   store, zero-copy), the queries are split in order and the results put back together.
 
 Given the same LLM replies (the generation cache), the index equals the single-process
-one byte for byte: the embedder gives the same bits whatever the batch split and thread
-count, and the kNN rows are ranked exactly. The replies themselves can differ between
-two runs that batch differently: LLM sampling is not batch-invariant (vLLM, any engine).
+one byte for byte: the workers embed the very batches one process would
+(:func:`embedding.length_batches`) with its thread count, and the kNN rows are ranked
+exactly. The replies themselves can differ between two runs that batch differently: LLM
+kernels are not batch-invariant (vLLM, any engine).
 """
 from __future__ import annotations
 
@@ -180,7 +181,7 @@ class RayLLM:
             return
         ray, workers = self.cluster.ray, self.cluster.workers
         self.cluster.release()
-        # Each worker should get several batches (balance, frequent caching), but no engine a tiny one.
+        # batches of batch_size (each cached as it arrives), smaller only so that every worker gets one
         size = max(1, min(batch_size, -(-len(conversations) // workers)))
         ray.data.DataContext.get_current().enable_progress_bars = progress
         items = [{"row": i, "conversation": json.dumps(c)} for i, c in enumerate(conversations)]
