@@ -312,7 +312,10 @@ class _Bf16Prefilter:
 
 class _TorchBackend:
     def __init__(self, index: QCGIndex, device: str, prefilter: bool = False):
+        from .kernels.gather_dot import gather_dot
+
         self.torch = torch = require("torch")
+        self._gather_dot = gather_dot
         self.index, self.device = index, torch.device(device)
         n = len(index.node_embeddings)
         self.nodes = torch.from_numpy(np.ascontiguousarray(index.node_embeddings)).to(self.device)
@@ -384,7 +387,7 @@ class _TorchBackend:
         vals = vals.float()
         floor = torch.maximum(threshold - eps, vals[:, n - 1] - 2 * eps)
         complete = (vals[:, -1] < floor) | (width == approx.shape[1])
-        sims = torch.einsum("bwd,bd->bw", self.nodes[ids], tile)
+        sims = self._gather_dot(self.nodes, tile, ids)
         sims = torch.where((vals >= floor[:, None]) & (sims >= threshold), sims, -float("inf"))
         ids, sims = _best_first(ids, sims)
         ids, sims = ids[:, :n], sims[:, :n]
@@ -409,7 +412,7 @@ class _TorchBackend:
     def _rank_chunks(self, tile, selected, top_k: int):
         """Mean similarity per chunk over Q*, then the K best chunks (ties by lower chunk id)."""
         torch, n_chunks = self.torch, self.index.n_chunks
-        sims = torch.einsum("bld,bd->bl", self.nodes_padded[selected], tile)  # gather + dot: only Q* entries
+        sims = self._gather_dot(self.nodes_padded, tile, selected)  # only the Q* entries (Triton on CUDA)
         chunks = self.node_chunk[selected]
         chunks, order = chunks.sort(dim=1, stable=True)
         sims = sims.gather(1, order)

@@ -1,0 +1,62 @@
+"""The Triton gather-dot kernel (kernels/gather_dot.py) and its numba twin against float64:
+compiled on CUDA when a GPU is present, and in Triton's interpreter on CPU tensors (in a
+subprocess: the interpreter is chosen when the kernel is compiled), also inside the torch
+retrieval backend against the plain reference."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from qcg_gpu.kernels.gather_dot import gather_dot, gather_dot_cpu
+
+from .conftest import DEVICES, REPO
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _case(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    nodes = rng.standard_normal((300, 384)).astype(np.float32)
+    queries = rng.standard_normal((9, 384)).astype(np.float32)
+    ids = rng.integers(-1, 300, (9, 70))  # -1: padding; 70 = two full blocks of rows and a partial one
+    want = np.einsum("bld,bd->bl", nodes[np.maximum(ids, 0)].astype(np.float64), queries.astype(np.float64))
+    return nodes, queries, ids, np.where(ids >= 0, want, 0.0)
+
+
+def test_numba_twin_matches_float64():
+    nodes, queries, ids, want = _case()
+    got = gather_dot_cpu(nodes, queries, ids)
+    np.testing.assert_allclose(got, want, atol=1e-4)
+    assert (got[ids < 0] == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gather_dot_matches_float64(device):
+    torch = pytest.importorskip("torch")
+    nodes, queries, ids, want = _case(1)
+    got = gather_dot(*(torch.from_numpy(a).to(device) for a in (nodes, queries, ids))).cpu().numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4)
+    assert (got[ids < 0] == 0).all()
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="runs under TRITON_INTERPRET=1 (see the next test)")
+def test_interpreted_triton_kernel_is_the_one_used():
+    from qcg_gpu.kernels.gather_dot import _triton_kernel
+
+    assert type(_triton_kernel()).__name__ == "InterpretedFunction"
+
+
+@pytest.mark.skipif(INTERPRETED, reason="starts the interpreted run itself")
+def test_triton_kernel_in_the_interpreter():
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    tests = ["tests/test_kernels.py", "tests/test_retrieval.py", "-k",
+             "gather_dot or interpreted or (torch-cpu and (tiny or ties or expansion or no_seed or several))"]
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert " passed" in done.stdout and "failed" not in done.stdout
