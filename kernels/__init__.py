@@ -2,5 +2,6 @@
 
 Each kernel has a CPU twin or is itself the CPU path: the torch backend in
 ``qcg_gpu/retrieval.py`` is the GPU path (and runs on CPU tensors for parity
-tests); the numba kernels here are the CPU path.
+tests), with the Triton kernel of ``gather_dot.py`` on CUDA; the numba kernels
+here are the CPU path.
 """
