@@ -9,7 +9,7 @@ Each measurement runs once in one process and once on a local Ray cluster (``--w
 2. ``qcg index`` with q+a nodes over ``--llm-limit`` documents, fresh caches (both generate every chunk),
    greedy decoding (``--temperature 0``) so that both runs write about the same replies: with sampling,
    one reply that runs on to ``max_tokens`` in one run and not in the other decides the comparison;
-3. retrieval of ``--queries`` queries over a synthetic index of ``--nodes`` nodes, in this process.
+3. retrieval of ``--queries`` queries over ``bench_retrieval.py``'s synthetic index of ``--nodes`` nodes, in this process.
 
 Builds run as the commands a user types, in fresh processes, so the Ray rows include starting the
 cluster and its workers. Both builds must write the same index (checked: data files byte for byte).
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from bench_retrieval import make_queries, synthetic_index  # this folder: the retrieval benchmark's index and queries
 from qcg_gpu.index_format import read_manifest
-from qcg_gpu.knn import knn_graph
-from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever
+from qcg_gpu.retrieval import RetrievalConfig, Retriever
 
 DEFAULT_DOCS = Path(__file__).resolve().parents[2] / "shared" / "data" / "lihuaworld" / "docs"
 
@@ -73,23 +73,11 @@ def compare_builds(name: str, docs: Path, work: Path, options: list[str], worker
     return row
 
 
-def synthetic_index(n: int, dim: int, seed: int = 0) -> QCGIndex:
-    rng = np.random.default_rng(seed)
-    centers = rng.standard_normal((64, dim))
-    x = centers[rng.integers(0, 64, n)] + 0.7 * rng.standard_normal((n, dim))
-    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
-    graph = knn_graph(x, 2, "auto", "cpu")
-    node_chunk = np.sort(rng.integers(0, n // 20, n)).astype(np.int64)
-    return QCGIndex(None, {}, x, graph.indptr, graph.indices, node_chunk, n // 20)
-
-
 def compare_retrieval(n: int, b: int, workers: int) -> dict:
     from qcg_gpu.distributed import RayCluster, RayConfig, RayRetriever
 
-    index = synthetic_index(n, 384)
-    rng = np.random.default_rng(1)
-    q = index.node_embeddings[rng.integers(0, n, b)] + 0.5 * rng.standard_normal((b, 384)).astype(np.float32)
-    config = RetrievalConfig(backend="numpy")
+    index, config = synthetic_index(n), RetrievalConfig(backend="numpy")
+    q = make_queries(index, b)
     start = time.perf_counter()
     retriever = Retriever(index, config)
     retriever.search(q)
