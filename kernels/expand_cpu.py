@@ -15,6 +15,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from .prefetch_cpu import prefetch_row
+
+PREFETCH_DISTANCE = 2  # rows ahead (measured: 2 is as good as 3-8 and better than 1)
+
 
 # reassoc lets LLVM vectorise the dot products (a different summation order: results move in
 # the last float32 bits, as they do between any two BLAS builds).
@@ -27,14 +31,14 @@ def expand_and_rank(seed_ids, seed_sims, indptr, indices, nodes, queries, node_c
     out_scores = np.full((n_queries, top_k), -np.inf, dtype=np.float32)
     out_selected = np.zeros(n_queries, dtype=np.int64)
     for t in numba.prange(n_threads):
-        stamp = np.zeros(n_nodes, dtype=np.int64)  # stamp[u] == b + 1: u is in Q* of query b
-        chunk_stamp = np.zeros(n_chunks, dtype=np.int64)
+        stamp = np.zeros(n_nodes, dtype=np.int32)  # stamp[u] == b + 1: u is in Q* of query b (int32: half the cache)
+        chunk_stamp = np.zeros(n_chunks, dtype=np.int32)
         chunk_sum = np.zeros(n_chunks, dtype=np.float64)
         chunk_count = np.zeros(n_chunks, dtype=np.int64)
         selected = np.empty(n_nodes, dtype=np.int64)
         touched = np.empty(n_chunks, dtype=np.int64)
         for b in range(t, n_queries, n_threads):
-            mark = b + 1
+            mark = np.int32(b + 1)
             size = 0
             for s in range(n_seeds):
                 u = seed_ids[b, s]
@@ -55,8 +59,12 @@ def expand_and_rank(seed_ids, seed_sims, indptr, indices, nodes, queries, node_c
                 start, end = end, size
             out_selected[b] = size
             n_touched = 0
+            for i in range(min(PREFETCH_DISTANCE, size)):
+                prefetch_row(nodes, selected[i])
             for i in range(size):
                 u = selected[i]
+                if i + PREFETCH_DISTANCE < size:
+                    prefetch_row(nodes, selected[i + PREFETCH_DISTANCE])  # loads while this row is summed
                 sim = np.float32(0.0)
                 for d in range(dim):
                     sim += queries[b, d] * nodes[u, d]

@@ -23,7 +23,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-BLOCK = 64  # columns checked at once against the floor
+from .prefetch_cpu import prefetch_row
+
+BLOCK, SUB_BLOCK = 128, 32  # columns checked at once against the floor; a block that passes, in sub-blocks
 
 
 def _bf16_values_by_key() -> np.ndarray:
@@ -51,6 +53,16 @@ def _key_floor(floor, values):
     return np.int16(np.searchsorted(values, floor) - 32768 - 1)
 
 
+@numba.njit(inline="always")
+def _block_max(flat, start, length):
+    """Largest key of flat[start : start + length]."""
+    m = np.int16(-32768)
+    base = np.uint64(start)
+    for j in range(length):  # unsigned indices: no wraparound check, so LLVM vectorises
+        m = max(m, sortable(flat[base + np.uint64(j)]))
+    return m
+
+
 @numba.njit(parallel=True, cache=True)
 def scan_block(bits, col0, t_minus_eps, eps, n, cand_ids, cand_vals, counts, best, overflow, values):
     """One (rows, cols) bf16 tile whose column 0 is node ``col0``; updates each row's candidates
@@ -66,44 +78,53 @@ def scan_block(bits, col0, t_minus_eps, eps, n, cand_ids, cand_vals, counts, bes
         key_floor = _key_floor(floor, values)
         count = counts[r]
         for start in range(0, cols, BLOCK):
-            stop = min(start + BLOCK, cols)
-            base = np.uint64(r * cols + start)  # unsigned indices: no wraparound check, so LLVM vectorises
-            m = np.int16(-32768)
-            for j in range(stop - start):  # most blocks end here
-                m = max(m, sortable(flat[base + np.uint64(j)]))
-            if m <= key_floor:
-                continue
-            for j in range(start, stop):
-                key = sortable(flat[r * cols + j])
-                if key <= key_floor:
+            if _block_max(flat, r * cols + start, min(BLOCK, cols - start)) <= key_floor:
+                continue  # most blocks end here
+            for sub in range(start, min(start + BLOCK, cols), SUB_BLOCK):
+                stop = min(sub + SUB_BLOCK, cols)
+                if _block_max(flat, r * cols + sub, stop - sub) <= key_floor:
                     continue
-                v = values[np.int32(key) + 32768]
-                if v < floor:
-                    continue
-                if count == capacity:  # drop what the risen floor excludes; give up on a row of near-ties
-                    kept = 0
-                    for i in range(count):
-                        if vals[i] >= floor:
-                            ids[kept], vals[kept] = ids[i], vals[i]
-                            kept += 1
-                    count = kept
-                    if count > capacity - capacity // 4:
-                        overflow[r] = True
-                        break
-                ids[count], vals[count] = col0 + j, v
-                count += 1
-                if v > top[n - 1]:  # a new n-best approximation: insert it and raise the floor
-                    pos = n - 1
-                    while pos > 0 and top[pos - 1] < v:
-                        top[pos] = top[pos - 1]
-                        pos -= 1
-                    top[pos] = v
-                    new_floor = max(t_minus_eps[r], top[n - 1] - 2 * eps[r])
-                    if new_floor > floor:
-                        floor, key_floor = new_floor, _key_floor(new_floor, values)
+                for j in range(sub, stop):
+                    key = sortable(flat[r * cols + j])
+                    if key <= key_floor:
+                        continue
+                    v = values[np.int32(key) + 32768]
+                    if v < floor:
+                        continue
+                    if count == capacity:  # drop what the risen floor excludes; give up on a row of near-ties
+                        kept = 0
+                        for i in range(count):
+                            if vals[i] >= floor:
+                                ids[kept], vals[kept] = ids[i], vals[i]
+                                kept += 1
+                        count = kept
+                        if count > capacity - capacity // 4:
+                            overflow[r] = True
+                            break
+                    ids[count], vals[count] = col0 + j, v
+                    count += 1
+                    if v > top[n - 1]:  # a new n-best approximation: insert it and raise the floor
+                        pos = n - 1
+                        while pos > 0 and top[pos - 1] < v:
+                            top[pos] = top[pos - 1]
+                            pos -= 1
+                        top[pos] = v
+                        new_floor = max(t_minus_eps[r], top[n - 1] - 2 * eps[r])
+                        if new_floor > floor:
+                            floor, key_floor = new_floor, _key_floor(new_floor, values)
+                if overflow[r]:
+                    break
             if overflow[r]:
                 break
         counts[r] = count
+
+
+@numba.njit(inline="always")
+def _next_candidate(vals, count, floor, i):
+    """Position of the first candidate at or after ``i`` that the final floor keeps (``count`` if none)."""
+    while i < count and vals[i] < floor:
+        i += 1
+    return i
 
 
 # reassoc vectorises the float64 dot products (their order changes results by ~1e-16, far below float32)
@@ -118,13 +139,16 @@ def rescore(queries, nodes, threshold, eps, n, cand_ids, cand_vals, counts, best
         if overflow[r]:
             continue
         floor = max(threshold - eps[r], best[r, n - 1] - 2 * eps[r])
-        for i in range(counts[r]):
-            if cand_vals[r, i] < floor:
-                continue
+        q, vals, count = queries[r].astype(np.float64), cand_vals[r], counts[r]
+        i = _next_candidate(vals, count, floor, 0)
+        while i < count:
             u = cand_ids[r, i]
+            i = _next_candidate(vals, count, floor, i + 1)
+            if i < count:
+                prefetch_row(nodes, cand_ids[r, i])  # its row loads while this one is summed
             v = 0.0
             for d in range(dim):
-                v += np.float64(queries[r, d]) * np.float64(nodes[u, d])
+                v += q[d] * np.float64(nodes[u, d])
             if v < threshold:
                 continue
             pos = n
@@ -135,3 +159,21 @@ def rescore(queries, nodes, threshold, eps, n, cand_ids, cand_vals, counts, best
                     exact[r, j], ids[r, j] = exact[r, j - 1], ids[r, j - 1]
                 exact[r, pos], ids[r, pos] = v, u
     return ids, exact.astype(np.float32)
+
+
+@numba.njit(parallel=True, cache=True)
+def rounding_norms(queries, rounded_bits, values):
+    """float64 norms |q|, |q~| and |q - q~| per row, q~ the bf16 rounding of q given as bit patterns
+    (``values`` = ``VALUES``): the query side of ``qcg_gpu.retrieval.bound_from_norms``."""
+    rows, dim = queries.shape
+    q_norm, rounded_norm, residual_norm = np.empty(rows), np.empty(rows), np.empty(rows)
+    for r in numba.prange(rows):
+        qq = rr = dd = 0.0
+        for d in range(dim):
+            q = np.float64(queries[r, d])
+            x = np.float64(values[np.int32(sortable(rounded_bits[r, d])) + 32768])
+            qq += q * q
+            rr += x * x
+            dd += (q - x) * (q - x)
+        q_norm[r], rounded_norm[r], residual_norm[r] = np.sqrt(qq), np.sqrt(rr), np.sqrt(dd)
+    return q_norm, rounded_norm, residual_norm

@@ -157,9 +157,11 @@ def check_queries(queries: np.ndarray, dim: int) -> np.ndarray:
         q = q[None, :]
     if q.ndim != 2 or q.shape[1] != dim:
         raise QCGError(f"query embeddings must have shape (B, {dim}) to match the index, got {tuple(np.shape(queries))}")
-    if not np.isfinite(q).all():
-        raise QCGError("query embeddings contain NaN or infinite values")
-    norms = np.linalg.norm(q, axis=1, keepdims=True)
+    norms = np.sqrt(np.einsum("ij,ij->i", q, q))[:, None]  # one pass; NaN or inf in a row makes its norm non-finite
+    if not np.isfinite(norms).all():
+        if not np.isfinite(q).all():
+            raise QCGError("query embeddings contain NaN or infinite values")
+        norms = np.linalg.norm(q.astype(np.float64), axis=1, keepdims=True).astype(np.float32)  # huge but finite
     if (norms == 0).any():
         raise QCGError("a query embedding is all zeros")
     return np.ascontiguousarray(q / norms if not np.allclose(norms, 1.0, atol=1e-3) else q)
@@ -254,15 +256,19 @@ def bf16_rounding(nodes: np.ndarray, nodes_bf16) -> tuple[float, float]:
 
 def bf16_error_bound(queries, rounded, node_norm: float, node_residual: float):
     """Per query, a bound on |q.u - bf16_gemm(q, u)| over every node u, from the float64 queries
-    and their bf16 rounding (numpy arrays or tensors):
-    |q.u - q~.u~| <= |q| |u - u~| + |q - q~| |u~|, plus the float32 accumulation of d products
-    and the rounding of the output to bf16 (relative 2^-8), with 1e-6 to spare."""
+    and their bf16 rounding (tensors; the numpy path computes the same norms in a numba kernel)."""
     def norms(x):
         return (x * x).sum(1) ** 0.5
 
-    dim = queries.shape[1]
-    gemm = norms(rounded) * (node_norm + node_residual)  # >= |q~.u~|
-    bound = norms(queries) * node_residual + norms(queries - rounded) * (node_norm + node_residual)
+    return bound_from_norms(norms(queries), norms(rounded), norms(queries - rounded), queries.shape[1], node_norm, node_residual)
+
+
+def bound_from_norms(q_norm, rounded_norm, residual_norm, dim: int, node_norm: float, node_residual: float):
+    """The bound from the query norms |q|, |q~| and |q - q~| (arrays or tensors):
+    |q.u - q~.u~| <= |q| |u - u~| + |q - q~| |u~|, plus the float32 accumulation of d products
+    and the rounding of the output to bf16 (relative 2^-8), with 1e-6 to spare."""
+    gemm = rounded_norm * (node_norm + node_residual)  # >= |q~.u~|
+    bound = q_norm * node_residual + residual_norm * (node_norm + node_residual)
     return bound + gemm * (dim * 2.0**-24 + BF16_UNIT_ROUNDOFF * (1 + dim * 2.0**-24)) + 1e-6
 
 
@@ -283,9 +289,11 @@ class _Bf16Prefilter:
         self.node_norm, self.node_residual = bf16_rounding(nodes, self.nodes_bf16)
         self._fallback = seeds_cpu.top_n_above
         self.fallback_rows = 0  # queries whose near-ties overflowed the candidates (float32 path instead)
+        self._gemm_out = None
 
     def error_bound(self, tile: np.ndarray, tile_bf16) -> np.ndarray:
-        return bf16_error_bound(tile.astype(np.float64), tile_bf16.double().numpy(), self.node_norm, self.node_residual).astype(np.float32)
+        norms = self.kernels.rounding_norms(tile, tile_bf16.view(self.torch.int16).numpy(), self.kernels.VALUES)
+        return bound_from_norms(*norms, tile.shape[1], self.node_norm, self.node_residual).astype(np.float32)
 
     def seeds(self, tile: np.ndarray, threshold: np.float32, n: int):
         torch, k = self.torch, self.kernels
@@ -296,7 +304,9 @@ class _Bf16Prefilter:
         counts, overflow = np.zeros(rows, np.int64), np.zeros(rows, np.bool_)
         best = np.full((rows, n), -np.inf, np.float32)
         t_minus_eps = (threshold - eps).astype(np.float32)
-        out = torch.empty((rows, BF16_TILE[1]), dtype=torch.bfloat16)
+        if self._gemm_out is None or len(self._gemm_out) < rows:
+            self._gemm_out = torch.empty((rows, BF16_TILE[1]), dtype=torch.bfloat16)
+        out = self._gemm_out[:rows]  # reused: a fresh 8 MiB tile costs page faults on every write
         for col0 in range(0, len(self.nodes), BF16_TILE[1]):
             block = self.nodes_bf16[col0 : col0 + BF16_TILE[1]]
             approx = torch.mm(tile_bf16, block.T, out=out if len(block) == out.shape[1] else None)

@@ -169,6 +169,7 @@ def test_bf16_error_bound_holds_for_the_real_gemm():
 
 def test_query_checks():
     assert np.allclose(np.linalg.norm(check_queries(np.array([[3.0, 4.0]]), 2), axis=1), 1.0)
+    assert np.allclose(check_queries(np.full((1, 4), 1e30), 4), 0.5)  # squares overflow float32: still normalised
     for bad, message in [(np.ones((2, 3)), "shape"), (np.array([[np.nan, 1.0]]), "NaN"), (np.zeros((1, 2)), "all zeros")]:
         with pytest.raises(QCGError, match=message):
             check_queries(bad, 2)
