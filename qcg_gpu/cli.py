@@ -158,6 +158,8 @@ def run_query(args) -> int:
     from .retrieval import QCGIndex, Retriever, check_queries
 
     config = _retrieval_config(args)
+    if args.ray and args.command == "query" and args.method != "qcg":
+        raise QCGError(f"--ray runs QCG retrieval and answering; --method {args.method} retrieves in this process")
     index = QCGIndex.load(args.index, verify=not args.no_verify)
     cluster = _ray_cluster(args)
     llm = _answering_llm(args, cluster) if args.command == "answer" else None  # fail fast, before any retrieval work
@@ -311,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_index(args) -> int:
+    if args.ray and (args.remove or args.dry_run):
+        raise QCGError("--ray does not apply to --remove (no model runs) or --dry-run (it plans a one-process build)")
     if args.remove:
         if args.out or args.add:
             raise QCGError("--remove takes one index: qcg index INDEX --remove DOC_ID ...")
@@ -333,8 +337,10 @@ def run_index(args) -> int:
     if not args.out:
         raise QCGError("qcg index needs INPUT and OUT (or INDEX --remove DOC_ID ...)")
     if args.add:
-        from .incremental import add_documents
+        from .incremental import add_documents, index_settings
+        from .index_format import read_manifest
 
+        index_settings(read_manifest(args.out), _index_config(args))  # refuse other settings before a cluster starts
         summary = add_documents(args.out, args.input, _index_config(args), cluster=_ray_cluster(args), progress=not args.quiet)
         print(summary.format().replace("index written to", "documents added to", 1))
         return 0

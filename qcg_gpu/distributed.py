@@ -169,6 +169,10 @@ class RayLLM:
         self.config, self.cluster = config, cluster
         self.model_name = llm_name(config)
 
+    @property
+    def workers(self) -> int:
+        return self.cluster.workers
+
     def chat(self, conversations, sampling: SamplingSpec, progress: bool = True) -> list[Completion]:
         out = [Completion()] * len(conversations)
         for rows, completions in self.chat_batches(conversations, sampling, self.config.batch_chunks, progress):

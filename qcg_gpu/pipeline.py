@@ -223,7 +223,8 @@ def generate_pairs(chunks: list[Chunk], llm: LLMBackend | None, model_name: str,
             llm = llm or make_backend(gen)
         with stage(summary, "generate", progress):
             _generate_missing(chunks, keys, missing, llm, gen, cache, replies, failed, summary, progress)
-        record_throughput(gen, model_name, summary.generated_chunks, summary.generated_output_tokens, summary.seconds["generate"])
+        record_throughput(gen, model_name, summary.generated_chunks, summary.generated_output_tokens, summary.seconds["generate"],
+                          workers=getattr(llm, "workers", 1))  # a RayLLM runs one engine per worker
     if gen.replies_out:
         cache.export_parquet(list(dict.fromkeys(k for k in keys if k in replies)), gen.replies_out)
     cache.close()
