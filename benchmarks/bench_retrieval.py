@@ -108,17 +108,23 @@ def best_of(repeat: int, fn, *args):
     return best
 
 
-def timed_with_gemm(repeat: int, retriever, index: QCGIndex, queries: np.ndarray, backend: str, bf16: bool, device: str):
-    """(result, best search seconds, GEMM share, best GEMM seconds). Each search is timed next to a GEMM-alone run and the
-    share is the median of those pairs' ratios: this machine's speed drifts by 2x between minutes, and
-    two separate best-of runs can catch it in different states."""
-    best, gemms, shares = None, [], []
+def side_by_side(repeat: int, retriever, index: QCGIndex, queries: np.ndarray, looped: np.ndarray,
+                 config: RetrievalConfig, backend: str, bf16: bool, device: str) -> dict:
+    """Each repetition times the batched search, the GEMM alone and the per-query loop one after
+    the other; the GEMM share and the speedup are the medians of those side-by-side ratios (this
+    machine's speed drifts by 2x between minutes, so separate best-of runs can catch it in
+    different states), the rates the best of each."""
+    search, gemm, loop, shares, speedups = [], [], [], [], []
     for _ in range(repeat):
+        loop.append(best_of(1, loop_search, index, looped, config)[1])
+        time.sleep(0.3)  # numpy's OpenBLAS threads spin for ~0.1 s after the loop's last call and would slow the search
+        gemm.append(gemm_seconds(index, queries, backend, bf16, device))
         result, seconds = best_of(1, search_synced, retriever, queries, device)
-        gemms.append(gemm_seconds(index, queries, backend, bf16, device))
-        shares.append(gemms[-1] / seconds)
-        best = (result, seconds) if best is None or seconds < best[1] else best
-    return best[0], best[1], float(np.median(shares)), min(gemms)
+        search.append(seconds)
+        shares.append(gemm[-1] / search[-1])
+        speedups.append((loop[-1] / len(looped)) / (search[-1] / len(queries)))
+    return {"result": result, "search": min(search), "gemm": min(gemm), "loop": min(loop),
+            "gemm_share": float(np.median(shares)), "speedup": float(np.median(speedups))}
 
 
 def search_synced(retriever, queries, device: str):
@@ -152,7 +158,7 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["numpy:off", "numpy:bf16", "torch:off", "torch:bf16"],
                         help="backend[:prefilter], prefilter off (float32 GEMM), bf16 or auto")
     parser.add_argument("--device", default="cpu", help="torch device of the torch backend (cuda on a GPU machine)")
-    parser.add_argument("--repeat", type=int, default=3, help="timings are the best of this many runs (GEMM share: the median of as many side-by-side pairs)")
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions: rates are the best, ratios the median of side-by-side runs")
     parser.add_argument("--loop-queries", type=int, default=200, help="queries timed in the per-query loop (its rate is per query)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "bench_retrieval.json")
     args = parser.parse_args()
@@ -164,8 +170,7 @@ def main() -> None:
         index = synthetic_index(n_nodes)
         queries_all = make_queries(index, max(args.batch))
         looped = queries_all[: args.loop_queries]
-        loop_result, loop_seconds = best_of(args.repeat, loop_search, index, looped, config)
-        loop_qps = len(looped) / loop_seconds
+        loop_result = loop_search(index, looped, config)
         for spec in args.backends:
             backend, _, prefilter = spec.partition(":")
             options = {**config.__dict__, "backend": backend, "device": args.device, "prefilter": prefilter or "auto"}
@@ -175,16 +180,16 @@ def main() -> None:
             bf16 = RetrievalConfig(**options).resolved_prefilter(args.device)
             for b in args.batch:
                 queries = queries_all[:b]
-                result, seconds, gemm_share, gemm = timed_with_gemm(args.repeat, retriever, index, queries, backend, bf16, args.device)
+                timing = side_by_side(args.repeat, retriever, index, queries, looped, config, backend, bf16, args.device)
                 row = {
                     "nodes": n_nodes, "batch": b, "backend": backend, "gemm": "bf16 prefilter" if bf16 else "float32",
-                    "queries_per_s": round(b / seconds, 1),
-                    "loop_queries_per_s": round(loop_qps, 1),
-                    "speedup_vs_loop": round(b / seconds / loop_qps, 1),
-                    "gemm_share": round(min(gemm_share, 1.0), 3),
-                    "gemm_gflops": round(2 * b * n_nodes * DIM / gemm / 1e9, 1),
+                    "queries_per_s": round(b / timing["search"], 1),
+                    "loop_queries_per_s": round(len(looped) / timing["loop"], 1),
+                    "speedup_vs_loop": round(timing["speedup"], 1),
+                    "gemm_share": round(min(timing["gemm_share"], 1.0), 3),
+                    "gemm_gflops": round(2 * b * n_nodes * DIM / timing["gemm"] / 1e9, 1),
                     "machine_gflops": round(gflops, 1),
-                    "mean_selected_nodes": round(float(result.n_selected.mean()), 1),
+                    "mean_selected_nodes": round(float(timing["result"].n_selected.mean()), 1),
                     "fallback_rows": retriever._impl.fallback_rows,
                 }
                 rows.append(row)
