@@ -20,73 +20,85 @@ from .prefetch_cpu import prefetch_row
 PREFETCH_DISTANCE = 2  # rows ahead (measured: 2 is as good as 3-8 and better than 1)
 
 
+@numba.njit(inline="always")
+def new_scratch(n_nodes, n_chunks):
+    """One thread's work arrays for ``rank_query``, kept across its queries: nothing of size N is cleared per query.
+    (visit stamps of nodes and chunks, chunk sums and counts, Q* in visit order, chunks touched)"""
+    return (np.zeros(n_nodes, dtype=np.int32), np.zeros(n_chunks, dtype=np.int32), np.zeros(n_chunks, dtype=np.float64),
+            np.zeros(n_chunks, dtype=np.int64), np.empty(n_nodes, dtype=np.int64), np.empty(n_chunks, dtype=np.int64))
+
+
+@numba.njit(inline="always")
+def rank_query(mark, seeds, query, indptr, indices, nodes, node_chunk, hops, scratch, chunks_out, scores_out):
+    """One query: Q* = its seeds (ids < 0 skipped) and h hops, each node's similarity, the chunk means and
+    the K best chunks into ``chunks_out``/``scores_out`` (K = their length, pre-filled with -1/-inf).
+    Returns |Q*|. ``mark`` must differ between the queries one ``scratch`` serves (stamp == mark: visited)."""
+    stamp, chunk_stamp, chunk_sum, chunk_count, selected, touched = scratch
+    size = 0
+    for s in range(len(seeds)):
+        u = seeds[s]
+        if u >= 0 and stamp[u] != mark:
+            stamp[u] = mark
+            selected[size] = u
+            size += 1
+    start, end = 0, size
+    for _ in range(hops):  # breadth-first, one hop per round
+        for i in range(start, end):
+            u = selected[i]
+            for e in range(indptr[u], indptr[u + 1]):
+                v = indices[e]
+                if stamp[v] != mark:
+                    stamp[v] = mark
+                    selected[size] = v
+                    size += 1
+        start, end = end, size
+    n_touched = 0
+    for i in range(min(PREFETCH_DISTANCE, size)):
+        prefetch_row(nodes, selected[i])
+    for i in range(size):
+        u = selected[i]
+        if i + PREFETCH_DISTANCE < size:
+            prefetch_row(nodes, selected[i + PREFETCH_DISTANCE])  # loads while this row is summed
+        sim = np.float32(0.0)
+        for d in range(nodes.shape[1]):
+            sim += query[d] * nodes[u, d]
+        c = node_chunk[u]
+        if chunk_stamp[c] != mark:
+            chunk_stamp[c] = mark
+            chunk_sum[c] = 0.0
+            chunk_count[c] = 0
+            touched[n_touched] = c
+            n_touched += 1
+        chunk_sum[c] += sim
+        chunk_count[c] += 1
+    top_k = len(chunks_out)
+    for i in range(n_touched):  # insertion into the sorted top-K buffer
+        c = touched[i]
+        score = np.float32(chunk_sum[c] / chunk_count[c])
+        pos = top_k
+        while pos > 0 and (score > scores_out[pos - 1] or (score == scores_out[pos - 1] and c < chunks_out[pos - 1])):
+            pos -= 1  # ranked by (score desc, chunk id asc)
+        if pos < top_k:
+            for j in range(top_k - 1, pos, -1):
+                scores_out[j] = scores_out[j - 1]
+                chunks_out[j] = chunks_out[j - 1]
+            scores_out[pos] = score
+            chunks_out[pos] = c
+    return size
+
+
 # reassoc lets LLVM vectorise the dot products (a different summation order: results move in
 # the last float32 bits, as they do between any two BLAS builds).
 @numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
-def expand_and_rank(seed_ids, seed_sims, indptr, indices, nodes, queries, node_chunk, n_chunks, hops, top_k, n_threads):
-    n_queries, n_seeds = seed_ids.shape
-    n_nodes = nodes.shape[0]
-    dim = nodes.shape[1]
+def expand_and_rank(seed_ids, indptr, indices, nodes, queries, node_chunk, n_chunks, hops, top_k, n_threads):
+    """``rank_query`` for every row of ``seed_ids`` (-1 padded); threads take queries round-robin."""
+    n_queries = seed_ids.shape[0]
     out_chunks = np.full((n_queries, top_k), -1, dtype=np.int64)
     out_scores = np.full((n_queries, top_k), -np.inf, dtype=np.float32)
     out_selected = np.zeros(n_queries, dtype=np.int64)
     for t in numba.prange(n_threads):
-        stamp = np.zeros(n_nodes, dtype=np.int32)  # stamp[u] == b + 1: u is in Q* of query b (int32: half the cache)
-        chunk_stamp = np.zeros(n_chunks, dtype=np.int32)
-        chunk_sum = np.zeros(n_chunks, dtype=np.float64)
-        chunk_count = np.zeros(n_chunks, dtype=np.int64)
-        selected = np.empty(n_nodes, dtype=np.int64)
-        touched = np.empty(n_chunks, dtype=np.int64)
+        scratch = new_scratch(nodes.shape[0], n_chunks)
         for b in range(t, n_queries, n_threads):
-            mark = np.int32(b + 1)
-            size = 0
-            for s in range(n_seeds):
-                u = seed_ids[b, s]
-                if u >= 0 and stamp[u] != mark:
-                    stamp[u] = mark
-                    selected[size] = u
-                    size += 1
-            start, end = 0, size
-            for _ in range(hops):  # breadth-first, one hop per round
-                for i in range(start, end):
-                    u = selected[i]
-                    for e in range(indptr[u], indptr[u + 1]):
-                        v = indices[e]
-                        if stamp[v] != mark:
-                            stamp[v] = mark
-                            selected[size] = v
-                            size += 1
-                start, end = end, size
-            out_selected[b] = size
-            n_touched = 0
-            for i in range(min(PREFETCH_DISTANCE, size)):
-                prefetch_row(nodes, selected[i])
-            for i in range(size):
-                u = selected[i]
-                if i + PREFETCH_DISTANCE < size:
-                    prefetch_row(nodes, selected[i + PREFETCH_DISTANCE])  # loads while this row is summed
-                sim = np.float32(0.0)
-                for d in range(dim):
-                    sim += queries[b, d] * nodes[u, d]
-                c = node_chunk[u]
-                if chunk_stamp[c] != mark:
-                    chunk_stamp[c] = mark
-                    chunk_sum[c] = 0.0
-                    chunk_count[c] = 0
-                    touched[n_touched] = c
-                    n_touched += 1
-                chunk_sum[c] += sim
-                chunk_count[c] += 1
-            for i in range(n_touched):  # insertion into the sorted top-K buffer
-                c = touched[i]
-                score = np.float32(chunk_sum[c] / chunk_count[c])
-                pos = top_k
-                while pos > 0 and (score > out_scores[b, pos - 1] or (score == out_scores[b, pos - 1] and c < out_chunks[b, pos - 1])):
-                    pos -= 1  # ranked by (score desc, chunk id asc)
-                if pos < top_k:
-                    for j in range(top_k - 1, pos, -1):
-                        out_scores[b, j] = out_scores[b, j - 1]
-                        out_chunks[b, j] = out_chunks[b, j - 1]
-                    out_scores[b, pos] = score
-                    out_chunks[b, pos] = c
+            out_selected[b] = rank_query(np.int32(b + 1), seed_ids[b], queries[b], indptr, indices, nodes, node_chunk, hops,
+                                         scratch, out_chunks[b], out_scores[b])
     return out_chunks, out_scores, out_selected

@@ -8,9 +8,10 @@ may be off by up to ``eps`` (a bound computed from the vectors' actual rounding,
    similarity ``a`` could still make the exact top n above the threshold ``t``:
    ``a >= max(t, a_n - eps) - eps``, where ``a_n`` is the n-th best approximation seen so far
    (n nodes with ``a >= a_n`` all have exact similarity ``>= a_n - eps``, so the n-th best exact
-   one does too). Blocks of 64 columns are skipped on one vectorised max; few entries pass.
-2. ``rescore`` computes the exact similarity of the kept candidates (float64 dot products of the
-   float32 vectors) and selects the best n with ``sim >= t``, ties by lower node id.
+   one does too). Blocks of ``BLOCK`` columns are skipped on one vectorised max; few entries pass.
+2. ``rescore_and_rank`` computes the exact similarity of the kept candidates (float64 dot products
+   of the float32 vectors), selects the best n with ``sim >= t``, ties by lower node id, and goes
+   on with that query's expansion and chunk ranking while its seeds' rows are in cache.
 
 A query whose candidates overflow the buffer (thousands of near-ties) is flagged; the caller
 selects its seeds with the float32 path instead.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from .expand_cpu import new_scratch, rank_query
 from .prefetch_cpu import prefetch_row
 
 BLOCK, SUB_BLOCK = 128, 32  # columns checked at once against the floor; a block that passes, in sub-blocks
@@ -120,45 +122,68 @@ def scan_block(bits, col0, t_minus_eps, eps, n, cand_ids, cand_vals, counts, bes
 
 
 @numba.njit(inline="always")
-def _next_candidate(vals, count, floor, i):
-    """Position of the first candidate at or after ``i`` that the final floor keeps (``count`` if none)."""
-    while i < count and vals[i] < floor:
-        i += 1
-    return i
+def _prefetch_candidates(nodes, cand_ids, cand_vals, count, floor):
+    """Ask for the rows of a query's candidates that the final floor keeps, ahead of rescoring them."""
+    for i in range(count):
+        if cand_vals[i] >= floor:
+            prefetch_row(nodes, cand_ids[i])
 
 
-# reassoc vectorises the float64 dot products (their order changes results by ~1e-16, far below float32)
-@numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
-def rescore(queries, nodes, threshold, eps, n, cand_ids, cand_vals, counts, best, overflow):
-    """Exact seeds of each non-overflowed row: the n best candidates with sim >= threshold, ties by lower id."""
-    rows = queries.shape[0]
-    dim = nodes.shape[1]
-    ids = np.full((rows, n), -1, dtype=np.int64)
-    exact = np.full((rows, n), -np.inf, dtype=np.float64)  # ranked in float64: float32 rounding makes no ties
-    for r in numba.prange(rows):
-        if overflow[r]:
+@numba.njit(inline="always")
+def _rescore_query(query, nodes, threshold, floor, cand_ids, cand_vals, count, ids_out, sims_out):
+    """The exact seeds of one query: its best candidates with sim >= threshold, ties by lower id,
+    into ``ids_out``/``sims_out`` (n = their length; -1/-inf filled). Ranked in float64, where
+    float32 rounding makes no ties."""
+    n = len(ids_out)
+    q = query.astype(np.float64)
+    for i in range(count):
+        if cand_vals[i] < floor:
             continue
-        floor = max(threshold - eps[r], best[r, n - 1] - 2 * eps[r])
-        q, vals, count = queries[r].astype(np.float64), cand_vals[r], counts[r]
-        i = _next_candidate(vals, count, floor, 0)
-        while i < count:
-            u = cand_ids[r, i]
-            i = _next_candidate(vals, count, floor, i + 1)
-            if i < count:
-                prefetch_row(nodes, cand_ids[r, i])  # its row loads while this one is summed
-            v = 0.0
-            for d in range(dim):
-                v += q[d] * np.float64(nodes[u, d])
-            if v < threshold:
+        u = cand_ids[i]
+        v = 0.0
+        for d in range(nodes.shape[1]):
+            v += q[d] * np.float64(nodes[u, d])
+        if v < threshold:
+            continue
+        pos = n
+        while pos > 0 and (v > sims_out[pos - 1] or (v == sims_out[pos - 1] and u < ids_out[pos - 1])):
+            pos -= 1
+        if pos < n:
+            for j in range(n - 1, pos, -1):
+                sims_out[j], ids_out[j] = sims_out[j - 1], ids_out[j - 1]
+            sims_out[pos], ids_out[pos] = v, u
+
+
+# reassoc vectorises the dot products (float64 ones change by ~1e-16, far below float32; float32 ones
+# in the last bits, as between any two BLAS builds)
+@numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
+def rescore_and_rank(queries, nodes, threshold, eps, n, cand_ids, cand_vals, counts, best, overflow,
+                     indptr, indices, node_chunk, n_chunks, hops, top_k, n_threads):
+    """Exact seeds of each non-overflowed row, then its expansion and top-K chunks (``expand_cpu.rank_query``),
+    one query after the other: the seeds' rows are still in cache when the expansion scores them, and the
+    next query's candidate rows load meanwhile. Returns seed ids and sims (best first) and the chunks,
+    scores and |Q*| of ``expand_and_rank``; overflowed rows stay empty (-1)."""
+    rows = queries.shape[0]
+    seed_ids = np.full((rows, n), -1, dtype=np.int64)
+    seed_sims = np.full((rows, n), -np.inf, dtype=np.float64)
+    out_chunks = np.full((rows, top_k), -1, dtype=np.int64)
+    out_scores = np.full((rows, top_k), -np.inf, dtype=np.float32)
+    out_selected = np.zeros(rows, dtype=np.int64)
+    floors = np.empty(rows, dtype=np.float32)
+    for r in range(rows):  # a candidate must reach its row's final floor (see the module docstring)
+        floors[r] = max(threshold - eps[r], best[r, n - 1] - 2 * eps[r])
+    for t in numba.prange(n_threads):
+        scratch = new_scratch(nodes.shape[0], n_chunks)
+        for r in range(t, rows, n_threads):
+            if r + n_threads < rows and not overflow[r + n_threads]:
+                following = r + n_threads
+                _prefetch_candidates(nodes, cand_ids[following], cand_vals[following], counts[following], floors[following])
+            if overflow[r]:
                 continue
-            pos = n
-            while pos > 0 and (v > exact[r, pos - 1] or (v == exact[r, pos - 1] and u < ids[r, pos - 1])):
-                pos -= 1
-            if pos < n:
-                for j in range(n - 1, pos, -1):
-                    exact[r, j], ids[r, j] = exact[r, j - 1], ids[r, j - 1]
-                exact[r, pos], ids[r, pos] = v, u
-    return ids, exact.astype(np.float32)
+            _rescore_query(queries[r], nodes, threshold, floors[r], cand_ids[r], cand_vals[r], counts[r], seed_ids[r], seed_sims[r])
+            out_selected[r] = rank_query(np.int32(r + 1), seed_ids[r], queries[r], indptr, indices, nodes, node_chunk, hops,
+                                         scratch, out_chunks[r], out_scores[r])
+    return seed_ids, seed_sims.astype(np.float32), out_chunks, out_scores, out_selected
 
 
 @numba.njit(parallel=True, cache=True)

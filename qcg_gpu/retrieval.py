@@ -208,7 +208,7 @@ class _NumpyBackend:
         self.index, self._seeds, self._expand = index, seeds_cpu.top_n_above, expand_cpu.expand_and_rank
         self._threads = numba.get_num_threads
         self._buffer = None  # float32 similarity tile, reused: no page faults per tile
-        self.prefilter = _Bf16Prefilter(index.node_embeddings) if prefilter and len(index.node_embeddings) else None
+        self.prefilter = _Bf16Prefilter(index) if prefilter and len(index.node_embeddings) else None
 
     def search(self, q: np.ndarray, config: RetrievalConfig) -> RetrievalResult:
         index, out = self.index, _empty_result(len(q), config)
@@ -218,14 +218,21 @@ class _NumpyBackend:
         rows = self.prefilter.rows if self.prefilter else _tile_rows(len(index.node_embeddings))
         for start in range(0, len(q), rows):
             tile = q[start : start + rows]
-            ids, vals = self.prefilter.seeds(tile, threshold, n) if self.prefilter else self.exact_seeds(tile, threshold, n)
             part = slice(start, start + len(tile))
+            if self.prefilter:
+                ids, vals, ranked = self.prefilter.search(tile, threshold, n, self.rank, config)
+            else:
+                ids, vals = self.exact_seeds(tile, threshold, n)
+                ranked = self.rank(tile, ids, config)
             out.seed_ids[part, : ids.shape[1]], out.seed_sims[part, : ids.shape[1]] = ids, vals
-            out.chunk_ids[part], out.scores[part], out.n_selected[part] = self._expand(
-                ids, vals, index.knn_indptr, index.knn_indices, index.node_embeddings, tile,
-                index.node_chunk, index.n_chunks, config.hops, config.top_k, self._threads(),
-            )
+            out.chunk_ids[part], out.scores[part], out.n_selected[part] = ranked
         return out
+
+    def rank(self, tile: np.ndarray, seed_ids: np.ndarray, config: RetrievalConfig):
+        """Expansion, node scores, chunk means and top-K of each query from its seeds (numba)."""
+        index = self.index
+        return self._expand(seed_ids, index.knn_indptr, index.knn_indices, index.node_embeddings, tile,
+                            index.node_chunk, index.n_chunks, config.hops, config.top_k, self._threads())
 
     @property
     def fallback_rows(self) -> int:
@@ -278,11 +285,15 @@ class _Bf16Prefilter:
 
     rows = BF16_TILE[0]
 
-    def __init__(self, nodes: np.ndarray):
+    def __init__(self, index: QCGIndex):
+        import numba
+
         from .kernels import prefilter_cpu, seeds_cpu
 
         self.torch = torch = require("torch")
-        self.kernels, self.nodes = prefilter_cpu, nodes
+        self.kernels, self.index, self.nodes = prefilter_cpu, index, index.node_embeddings
+        self._threads = numba.get_num_threads
+        nodes = self.nodes
         self.nodes_bf16 = torch.empty(nodes.shape, dtype=torch.bfloat16)
         for start in range(0, len(nodes), 65536):  # in blocks: nodes may be a read-only memory map
             self.nodes_bf16[start : start + 65536] = torch.from_numpy(np.array(nodes[start : start + 65536], np.float32))
@@ -295,8 +306,10 @@ class _Bf16Prefilter:
         norms = self.kernels.rounding_norms(tile, tile_bf16.view(self.torch.int16).numpy(), self.kernels.VALUES)
         return bound_from_norms(*norms, tile.shape[1], self.node_norm, self.node_residual).astype(np.float32)
 
-    def seeds(self, tile: np.ndarray, threshold: np.float32, n: int):
-        torch, k = self.torch, self.kernels
+    def search(self, tile: np.ndarray, threshold: np.float32, n: int, rank, config: RetrievalConfig):
+        """Seeds, then (chunk ids, scores, |Q*|) per query. ``rank(tile, seeds, config)`` ranks the few
+        rows whose near-ties overflowed the candidates: their seeds come from the float32 path."""
+        torch, k, index = self.torch, self.kernels, self.index
         tile_bf16 = torch.from_numpy(tile).bfloat16()
         eps = self.error_bound(tile, tile_bf16)
         rows, capacity = len(tile), 4 * n + 256
@@ -312,12 +325,17 @@ class _Bf16Prefilter:
             approx = torch.mm(tile_bf16, block.T, out=out if len(block) == out.shape[1] else None)
             k.scan_block(approx.view(torch.int16).numpy(), col0, t_minus_eps, eps, n,
                          cand_ids, cand_vals, counts, best, overflow, k.VALUES)
-        ids, vals = k.rescore(tile, self.nodes, threshold, eps, n, cand_ids, cand_vals, counts, best, overflow)
+        ids, vals, *ranked = k.rescore_and_rank(
+            tile, self.nodes, threshold, eps, n, cand_ids, cand_vals, counts, best, overflow,
+            index.knn_indptr, index.knn_indices, index.node_chunk, index.n_chunks, config.hops, config.top_k, self._threads(),
+        )
         if overflow.any():
             flagged = np.flatnonzero(overflow)
             self.fallback_rows += len(flagged)
             ids[flagged], vals[flagged] = self._fallback(tile[flagged] @ self.nodes.T, threshold, n)
-        return ids, vals
+            for array, values in zip(ranked, rank(tile[flagged], ids[flagged], config)):
+                array[flagged] = values
+        return ids, vals, ranked
 
 
 class _TorchBackend:

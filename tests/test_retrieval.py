@@ -158,7 +158,7 @@ def test_bf16_error_bound_holds_for_the_real_gemm():
         x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
         q = x[:300] + 0.3 * rng.standard_normal((300, dim)).astype(np.float32)
         q = (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
-        prefilter = _Bf16Prefilter(x)
+        prefilter = _Bf16Prefilter(QCGIndex(None, {}, x, np.zeros(len(x) + 1, np.int64), np.zeros(0, np.int64), np.zeros(len(x), np.int64), 1))
         q_bf16 = torch.from_numpy(q).bfloat16()
         approx = torch.mm(q_bf16, prefilter.nodes_bf16.T).double().numpy()
         error = np.abs(q.astype(np.float64) @ x.T.astype(np.float64) - approx)
