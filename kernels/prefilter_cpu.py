@@ -186,17 +186,16 @@ def rescore_and_rank(queries, nodes, threshold, eps, n, cand_ids, cand_vals, cou
     return seed_ids, seed_sims.astype(np.float32), out_chunks, out_scores, out_selected
 
 
-@numba.njit(parallel=True, cache=True)
-def rounding_norms(queries, rounded_bits, values):
-    """float64 norms |q|, |q~| and |q - q~| per row, q~ the bf16 rounding of q given as bit patterns
-    (``values`` = ``VALUES``): the query side of ``qcg_gpu.retrieval.bound_from_norms``."""
+@numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
+def rounding_norms(queries, rounded):
+    """float64 norms |q|, |q~| and |q - q~| per row, q~ = ``rounded``, the bf16 rounding of q (as float32):
+    the query side of ``qcg_gpu.retrieval.bound_from_norms``."""
     rows, dim = queries.shape
     q_norm, rounded_norm, residual_norm = np.empty(rows), np.empty(rows), np.empty(rows)
     for r in numba.prange(rows):
         qq = rr = dd = 0.0
         for d in range(dim):
-            q = np.float64(queries[r, d])
-            x = np.float64(values[np.int32(sortable(rounded_bits[r, d])) + 32768])
+            q, x = np.float64(queries[r, d]), np.float64(rounded[r, d])
             qq += q * q
             rr += x * x
             dd += (q - x) * (q - x)
