@@ -168,6 +168,9 @@ def check_queries(queries: np.ndarray, dim: int) -> np.ndarray:
 
 
 class Retriever:
+    """Batched QCG retrieval over one index. It reuses its work buffers between calls, so use one
+    ``Retriever`` per thread (the Ray workers each hold their own)."""
+
     def __init__(self, index: QCGIndex | str | Path, config: RetrievalConfig | None = None):
         self.index = index if isinstance(index, QCGIndex) else QCGIndex.load(index)
         self.config = (config or RetrievalConfig()).validate()
