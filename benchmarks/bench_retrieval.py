@@ -110,7 +110,7 @@ def best_of(repeat: int, fn, *args):
 
 def side_by_side(repeat: int, retriever, index: QCGIndex, queries: np.ndarray, looped: np.ndarray,
                  config: RetrievalConfig, backend: str, bf16: bool, device: str) -> dict:
-    """Each repetition times the batched search, the GEMM alone and the per-query loop one after
+    """Each repetition times the per-query loop, the GEMM alone and the batched search one after
     the other; the GEMM share and the speedup are the medians of those side-by-side ratios (this
     machine's speed drifts by 2x between minutes, so separate best-of runs can catch it in
     different states), the rates the best of each."""
