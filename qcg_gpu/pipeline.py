@@ -344,9 +344,11 @@ def package_versions() -> dict:
 
 
 def _manifest(config: IndexConfig, summary: IndexSummary, llm_name: str | None, embedder: Embedder) -> dict:
+    settings = config.to_dict()
+    settings["nodes"]["embed_batch_size"] = embedder.batch_size  # what was used: a passed-in embedder may differ
     return {
         "created_unix": time.time(),
-        "settings": config.to_dict(),
+        "settings": settings,
         "models": {"llm": llm_name, "embedder": embedder.model_name, "embedding_dim": embedder.dim},
         "counts": {
             "documents": summary.documents,

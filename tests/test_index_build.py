@@ -135,10 +135,14 @@ def test_question_nodes_reuse_generation(built, tmp_path, few_docs, vllm_backend
 
 
 def test_sentence_nodes_need_no_llm(tmp_path, few_docs, embedder):
-    summary = build_index(few_docs, tmp_path / "s", _config(tmp_path, nodes="sentence"), llm=None, embedder=embedder, progress=False)
+    # the embedder passed in batches differently from the config: the manifest records what was used
+    config = _config(tmp_path, nodes="sentence", embed_batch_size=embedder.batch_size + 1)
+    summary = build_index(few_docs, tmp_path / "s", config, llm=None, embedder=embedder, progress=False)
     chunks = load_table(tmp_path / "s", "chunks").column("text").to_pylist()
     nodes = load_table(tmp_path / "s", "nodes").to_pylist()
-    assert summary.pairs_valid == 0 and read_manifest(tmp_path / "s")["models"]["llm"] is None
+    manifest = read_manifest(tmp_path / "s")
+    assert summary.pairs_valid == 0 and manifest["models"]["llm"] is None
+    assert manifest["settings"]["nodes"]["embed_batch_size"] == embedder.batch_size
     assert [n["text"] for n in nodes] == [s for text in chunks for s in split_sentences(text)]
     assert len(load_array(tmp_path / "s", "node_embeddings")) == len(nodes) > 4
 
