@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qcg_gpu.retrieval import BF16_TILE, QCGIndex, RetrievalConfig, Retriever, _tile_rows, seed_threshold
+from qcg_gpu.retrieval import BF16_TILE, QCGIndex, RetrievalConfig, Retriever, _tile_rows, float32_gemm, seed_threshold
 
 DIM = 384
 
@@ -76,12 +76,12 @@ def gemm_seconds(index: QCGIndex, queries: np.ndarray, backend: str, prefilter: 
     """Time of the similarity GEMM alone, in the tiles and precision the backend uses."""
     n_nodes = len(index.node_embeddings)
     if backend == "numpy" and not prefilter:
-        rows = _tile_rows(n_nodes)
+        rows, gemm = _tile_rows(n_nodes), float32_gemm(index.node_embeddings)
         buffer = np.empty((min(rows, len(queries)), n_nodes), np.float32)
         start = time.perf_counter()
         for s in range(0, len(queries), rows):
             tile = queries[s : s + rows]
-            np.matmul(tile, index.node_embeddings.T, out=buffer[: len(tile)])
+            gemm(tile, buffer[: len(tile)])
         return time.perf_counter() - start
     import torch
 
