@@ -9,6 +9,8 @@ chunk's nodes in Q*; the K best chunks win, ties by lower chunk id.
 
 Threads take queries round-robin and keep their scratch arrays (visit stamps,
 chunk sums) across queries, so nothing of size N is cleared per query.
+``rank_query`` is the per-query step; the bf16 path calls it from
+``prefilter_cpu.rescore_and_rank`` right after a query's seeds are rescored.
 """
 from __future__ import annotations
 
