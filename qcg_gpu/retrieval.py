@@ -215,6 +215,7 @@ class _NumpyBackend:
         self._gemm = float32_gemm(index.node_embeddings)
         self.graph = compact_graph(index)
         self.prefilter = _Bf16Prefilter(index, self.graph) if prefilter and len(index.node_embeddings) else None
+        self.fallback_rows = 0  # queries whose near-ties overflowed the bf16 candidates (float32 path instead)
 
     def search(self, q: np.ndarray, config: RetrievalConfig) -> RetrievalResult:
         index, out = self.index, _empty_result(len(q), config)
@@ -226,7 +227,8 @@ class _NumpyBackend:
             tile = q[start : start + rows]
             part = slice(start, start + len(tile))
             if self.prefilter:
-                ids, vals, ranked = self.prefilter.search(tile, threshold, n, self.rank, config)
+                ids, vals, ranked, overflow = self.prefilter.search(tile, threshold, n, config)
+                self._redo_in_float32(tile, np.flatnonzero(overflow), threshold, n, config, ids, vals, ranked)
             else:
                 ids, vals = self.exact_seeds(tile, threshold, n)
                 ranked = self.rank(tile, ids, config)
@@ -234,15 +236,20 @@ class _NumpyBackend:
             out.chunk_ids[part], out.scores[part], out.n_selected[part] = ranked
         return out
 
+    def _redo_in_float32(self, tile, rows: np.ndarray, threshold, n: int, config, ids, vals, ranked) -> None:
+        """Rows whose near-ties overflowed the bf16 candidates: seeds and chunks from the float32 path, in place."""
+        if len(rows) == 0:
+            return
+        self.fallback_rows += len(rows)
+        ids[rows], vals[rows] = self.exact_seeds(tile[rows], threshold, n)
+        for array, values in zip(ranked, self.rank(tile[rows], ids[rows], config)):
+            array[rows] = values
+
     def rank(self, tile: np.ndarray, seed_ids: np.ndarray, config: RetrievalConfig):
         """Expansion, node scores, chunk means and top-K of each query from its seeds (numba)."""
         indptr, indices, node_chunk = self.graph
         return self._expand(seed_ids, indptr, indices, self.index.node_embeddings, tile, node_chunk,
                             self.index.n_chunks, config.hops, config.top_k, self._threads())
-
-    @property
-    def fallback_rows(self) -> int:
-        return self.prefilter.fallback_rows if self.prefilter else 0
 
     def exact_seeds(self, tile: np.ndarray, threshold: np.float32, n: int):
         """float32 GEMM of the tile against every node, then the fused threshold/top-n pass."""
@@ -313,35 +320,33 @@ def bound_from_norms(q_norm, rounded_norm, residual_norm, dim: int, node_norm: f
 
 class _Bf16Prefilter:
     """Exact seeds from a bf16 GEMM on CPU (kernels/prefilter_cpu.py): candidates within the
-    rounding bound of the n best are rescored exactly; rows with too many near-ties fall back to float32."""
+    rounding bound of the n best are rescored exactly; rows with too many near-ties are flagged."""
 
     rows = BF16_TILE[0]
 
     def __init__(self, index: QCGIndex, graph: tuple | None = None):
         import numba
 
-        from .kernels import prefilter_cpu, seeds_cpu
+        from .kernels import prefilter_cpu
 
         self.torch = torch = require("torch")
         self.kernels, self.index, self.nodes = prefilter_cpu, index, index.node_embeddings
         self.graph = graph if graph is not None else compact_graph(index)
         self._threads = numba.get_num_threads
-        nodes = self.nodes
+        nodes = index.node_embeddings
         self.nodes_bf16 = torch.empty(nodes.shape, dtype=torch.bfloat16)
         for start in range(0, len(nodes), 65536):  # in blocks: nodes may be a read-only memory map
             self.nodes_bf16[start : start + 65536] = torch.from_numpy(np.array(nodes[start : start + 65536], np.float32))
         self.node_norm, self.node_residual = bf16_rounding(nodes, self.nodes_bf16)
-        self._fallback = seeds_cpu.top_n_above
-        self.fallback_rows = 0  # queries whose near-ties overflowed the candidates (float32 path instead)
         self._gemm_out = None
 
     def error_bound(self, tile: np.ndarray, tile_bf16) -> np.ndarray:
         norms = self.kernels.rounding_norms(tile, tile_bf16.float().numpy())
         return bound_from_norms(*norms, tile.shape[1], self.node_norm, self.node_residual).astype(np.float32)
 
-    def search(self, tile: np.ndarray, threshold: np.float32, n: int, rank, config: RetrievalConfig):
-        """Seeds, then (chunk ids, scores, |Q*|) per query. ``rank(tile, seeds, config)`` ranks the few
-        rows whose near-ties overflowed the candidates: their seeds come from the float32 path."""
+    def search(self, tile: np.ndarray, threshold: np.float32, n: int, config: RetrievalConfig):
+        """Seeds, [chunk ids, scores, |Q*|] and the overflow mask per query. Overflowed rows (thousands
+        of near-ties) are left empty for the caller's float32 path."""
         torch, k, index = self.torch, self.kernels, self.index
         tile_bf16 = torch.from_numpy(tile).bfloat16()
         eps = self.error_bound(tile, tile_bf16)
@@ -362,13 +367,7 @@ class _Bf16Prefilter:
             tile, self.nodes, threshold, eps, n, cand_ids, cand_vals, counts, best, overflow,
             *self.graph, index.n_chunks, config.hops, config.top_k, self._threads(),
         )
-        if overflow.any():
-            flagged = np.flatnonzero(overflow)
-            self.fallback_rows += len(flagged)
-            ids[flagged], vals[flagged] = self._fallback(tile[flagged] @ self.nodes.T, threshold, n)
-            for array, values in zip(ranked, rank(tile[flagged], ids[flagged], config)):
-                array[flagged] = values
-        return ids, vals, ranked
+        return ids, vals, ranked, overflow
 
 
 class _TorchBackend:
