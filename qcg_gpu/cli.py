@@ -340,8 +340,9 @@ def run_index(args) -> int:
         from .incremental import add_documents, index_settings
         from .index_format import read_manifest
 
-        index_settings(read_manifest(args.out), _index_config(args))  # refuse other settings before a cluster starts
-        summary = add_documents(args.out, args.input, _index_config(args), cluster=_ray_cluster(args), progress=not args.quiet)
+        options = _index_config(args)
+        index_settings(read_manifest(args.out), options)  # refuse other settings before a cluster starts
+        summary = add_documents(args.out, args.input, options, cluster=_ray_cluster(args), progress=not args.quiet)
         print(summary.format().replace("index written to", "documents added to", 1))
         return 0
     from .pipeline import build_index
