@@ -11,6 +11,9 @@ from pathlib import Path
 
 from .errors import QCGError
 
+# Parquet schema metadata of a stored generation: the settings its keys were made with (JSON).
+SETTINGS_KEY = b"qcg.generation"
+
 
 class GenerationCache:
     def __init__(self, path: str | Path):
@@ -54,20 +57,26 @@ class GenerationCache:
                 [(key, json.dumps(entry)) for key, entry in entries.items()],
             )
 
-    def export_parquet(self, keys: list[str], path: str | Path) -> int:
-        """Write the replies of ``keys`` to a Parquet file (key, reply JSON); returns the row count."""
+    def export_parquet(self, keys: list[str], path: str | Path, settings: dict | None = None) -> int:
+        """Write the replies of ``keys`` to a Parquet file (key, reply JSON), atomically, with the
+        ``settings`` that made them as metadata; returns the row count."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         entries = self.get_many(keys)
         rows = [(key, json.dumps(entries[key], ensure_ascii=False)) for key in keys if key in entries]
         table = pa.table({"key": [k for k, _ in rows], "value": [v for _, v in rows]})
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table, path, compression="zstd", compression_level=19)
+        if settings is not None:
+            table = table.replace_schema_metadata({SETTINGS_KEY: json.dumps(settings, sort_keys=True)})
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        pq.write_table(table, tmp, compression="zstd", compression_level=19)
+        tmp.replace(path)  # a reader (or a kill mid-write) never sees half a file
         return len(rows)
 
-    def import_parquet(self, path: str | Path) -> int:
-        """Add the replies of a file written by :meth:`export_parquet`; unreadable rows are skipped."""
+    def import_parquet(self, path: str | Path) -> set[str]:
+        """Add the replies of a file written by :meth:`export_parquet`; returns their keys (unreadable rows are skipped)."""
         import pyarrow.parquet as pq
 
         if not Path(path).is_file():
@@ -82,10 +91,21 @@ class GenerationCache:
             if isinstance(key, str) and entry is not None:
                 entries[key] = entry
         self.put_many(entries)
-        return len(entries)
+        return set(entries)
 
     def __len__(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM replies").fetchone()[0]
 
     def close(self) -> None:
         self._db.close()
+
+
+def stored_settings(path: str | Path) -> dict | None:
+    """The settings a stored generation (:meth:`GenerationCache.export_parquet`) records, or None."""
+    import pyarrow.parquet as pq
+
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+    except (OSError, ValueError) as exc:
+        raise QCGError(f"cannot read stored replies {path}: {exc}") from exc
+    return json.loads(metadata[SETTINGS_KEY]) if SETTINGS_KEY in metadata else None

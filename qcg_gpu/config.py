@@ -14,6 +14,16 @@ from .errors import QCGError
 
 NODE_MODES = ("qa", "q", "a", "sentence")
 
+# Options that only say how to run (which server, device, cache), not what the index holds.
+RUNTIME_OPTIONS = {
+    "generation": {"backend", "base_url", "api_key_env", "concurrency", "max_retries", "request_timeout", "batch_chunks",
+                   "cache", "replies_in", "replies_out", "gpu_memory_utilization", "enforce_eager", "max_model_len"},
+    "nodes": {"device", "embed_batch_size"},
+    "graph": {"knn_backend"},
+}
+# The sections whose settings decide the LLM replies (the chunk texts, the prompt, the sampling).
+REPLY_SECTIONS = ("chunking", "generation")
+
 
 def option(default, help: str, choices=None, flag: str | None = None):
     """A dataclass field whose help text is also its CLI help (``flag``: a CLI name other than --field-name)."""
@@ -44,6 +54,11 @@ class GenerationConfig:
         "Doc2Query LLM: HF model directory or name (default: bundled SmolLM2-135M-Instruct; with --backend openai, the served model name).",
     )
     m: int = option(20, "Question-answer pairs asked of the LLM per chunk (M).")
+    prompt: str = option(
+        "basic",
+        "Doc2Query system prompt: 'basic' (the rules), or 'self-contained' (questions also name who/what/when they are about).",
+        ("basic", "self-contained"),
+    )
     temperature: float = option(0.3, "Sampling temperature of the Doc2Query LLM.")
     top_p: float = option(0.95, "Nucleus sampling of the Doc2Query LLM.")
     repetition_penalty: float = option(
@@ -93,6 +108,12 @@ class NodeConfig:
     nodes: str = option("qa", "Node text: question+answer (default), question, answer, or each sentence of a chunk (no LLM).", NODE_MODES)
     device: Optional[str] = option(None, "Torch device for embedding and kNN (default: cuda when present, else cpu).")
     embed_batch_size: int = option(128, "Texts per embedder batch.")
+    long_texts: str = option(
+        "mean",
+        "Texts longer than the embedder's limit (256 word pieces for the default): 'mean' embeds them whole (mean of "
+        "window embeddings), 'truncate' keeps only their opening (the paper's setup).",
+        ("mean", "truncate"),
+    )
     embedding_dtype: str = option("float32", "dtype of node_embeddings.npy.", ("float32", "float16"))
 
     def validate(self) -> None:
@@ -126,6 +147,11 @@ class IndexConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def reply_settings(self) -> dict:
+        """The settings that decide the LLM replies: what a stored generation records about itself."""
+        return {name: {key: value for key, value in dataclasses.asdict(getattr(self, name)).items()
+                       if key not in RUNTIME_OPTIONS.get(name, ())} for name in REPLY_SECTIONS}
 
     @classmethod
     def from_dict(cls, settings: dict) -> "IndexConfig":

@@ -20,6 +20,7 @@ from .errors import QCGError
 
 DATASETS = ("lihuaworld", "multihop-rag", "jsonl")
 NULL_TYPE = "null"  # questions whose correct answer is to abstain
+UNTYPED = "untyped"  # a JSONL question that names neither its type nor its evidence
 
 
 @dataclass
@@ -169,7 +170,12 @@ def load_jsonl(path: Path) -> EvalSet:
         evidence = record.get("evidence_doc_ids") or []
         if not isinstance(evidence, list):
             raise QCGError(f"{path}:{lineno}: 'evidence_doc_ids' must be a list of doc ids")
-        qtype = str(record.get("type") or ("null" if not evidence else "single")).lower()
+        qtype = str(record.get("type") or "").strip().lower()
+        if not qtype:  # an untyped question with evidence is answerable; without, nothing says it is a Null one
+            qtype = "single" if evidence else UNTYPED
+            if not evidence:
+                problems.append(f"{path.name}:{lineno}: neither 'type' nor 'evidence_doc_ids'; typed {UNTYPED!r} "
+                                f"(answer metrics only); give \"type\": \"null\" to questions that should be declined")
         questions.append(Question(str(record.get("query_id", lineno)), record["question"].strip(),
                                   str(record.get("answer", "")).strip(), [str(e) for e in evidence], qtype))
     if not questions:

@@ -34,10 +34,11 @@ from tqdm.auto import tqdm
 
 from .capabilities import require, with_cuda
 from .config import GenerationConfig, NodeConfig, option
-from .embedding import length_batches
+from .embedding import Windows, encode_whole, length_batches
 from .errors import QCGError
 from .knn import KnnGraph, _degree, _search_width, rank_candidates, search_candidates
 from .llm import Completion, SamplingSpec, llm_name
+from .models import DEFAULT_EMBEDDER, resolve_model
 
 EMBED_BLOCK_BATCHES = 8  # embedder batches per block sent to one worker
 
@@ -217,14 +218,14 @@ class _EmbedWorker:
 
         from .embedding import Embedder
 
-        self.embedder = Embedder(model, device, batch_size)
+        self.embedder = Embedder(model, device, batch_size, long_texts="truncate")  # the driver splits long texts
         if self.embedder.device == "cpu":
             # CPU GEMMs round differently with another thread count: use the driver's, so each text gets
             # the bits one process would give it (Ray's one thread per CPU asked would not).
             torch.set_num_threads(cpu_threads)
 
-    def describe(self) -> tuple[str, int]:
-        return self.embedder.model_name, self.embedder.dim
+    def describe(self) -> tuple[str, int, int]:
+        return self.embedder.model_name, self.embedder.dim, self.embedder.max_tokens
 
     def encode_batches(self, batches: list[list[str]]) -> list[np.ndarray]:
         return [self.embedder.encode_batch(texts) for texts in batches]
@@ -237,9 +238,18 @@ class RayEmbedder:
         self.cluster, self.batch_size = cluster, config.embed_batch_size
         torch = require("torch")
         self._workers = cluster.actors(_EmbedWorker, config.embedder, config.device, config.embed_batch_size, torch.get_num_threads())
-        self.model_name, self.dim = cluster.ray.get(self._workers[0].describe.remote())
+        self.model_name, self.dim, self.max_tokens = cluster.ray.get(self._workers[0].describe.remote())
+        self.windows = None
+        if config.long_texts == "mean":  # long texts are split here, as one process splits them
+            transformers = require("transformers")
+            path = resolve_model(config.embedder, DEFAULT_EMBEDDER)[0]
+            self.windows = Windows(transformers.AutoTokenizer.from_pretrained(path), self.max_tokens)
+        self.windowed_texts = 0
 
     def encode(self, texts: list[str], progress: bool = False, desc: str = "embed") -> np.ndarray:
+        return encode_whole(self, texts, lambda pieces: self._encode_pieces(pieces, progress, desc))
+
+    def _encode_pieces(self, texts: list[str], progress: bool, desc: str) -> np.ndarray:
         from ray.util import ActorPool
 
         batches = length_batches(texts, self.batch_size)  # the batches one process would embed

@@ -17,11 +17,26 @@ from .llm import SamplingSpec
 
 PROMPT_VERSION = 2
 
-SYSTEM_PROMPT = (
-    "You write question-answer pairs for a search index. Every question must be answerable from the given text alone, "
-    "and every answer must be a short exact span or fact from the text. Questions must be distinct and cover different "
-    "facts (who, what, when, where, why). Reply with JSON only."
-)
+# The system prompts --prompt chooses from. Each one's text enters the generation cache key, so a
+# stored generation replays only under the prompt it was made with; never edit a released one.
+SYSTEM_PROMPTS = {
+    # The first prompt (the SmolLM2 generation of benchmarks/lihuaworld was made with it).
+    "basic": (
+        "You write question-answer pairs for a search index. Every question must be answerable from the given text alone, "
+        "and every answer must be a short exact span or fact from the text. Questions must be distinct and cover different "
+        "facts (who, what, when, where, why). Reply with JSON only."
+    ),
+    # Questions a user would ask of the whole collection: each names who and what it is about, since a
+    # node is matched against user queries without its chunk ("What day is lunch?" fits a hundred chats).
+    "self-contained": (
+        "You write question-answer pairs for a search index over a large collection of texts. Every question must be "
+        "answerable from the given text alone and must make sense without it: name the people, places, things and dates "
+        "it is about, never 'he', 'they', 'the text' or 'the conversation'. Every answer must be a short exact span or "
+        "fact from the text. Questions must be distinct and cover different facts (who, what, when, where, why). "
+        "Reply with JSON only."
+    ),
+}
+SYSTEM_PROMPT = SYSTEM_PROMPTS["basic"]
 # No worked example: small models copy an example's facts into every reply (measured with
 # SmolLM2-135M: the example's bakery showed up in unrelated chunks), and the JSON schema
 # already fixes the format.
@@ -31,9 +46,9 @@ def user_prompt(text: str, m: int) -> str:
     return f"Write {m} question-answer pairs about this text.\n\nText:\n{text}"
 
 
-def build_conversation(text: str, m: int) -> list[dict]:
-    """Chat messages for one chunk: the rules, then the chunk."""
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user_prompt(text, m)}]
+def build_conversation(text: str, m: int, prompt: str = "basic") -> list[dict]:
+    """Chat messages for one chunk: the rules (``prompt`` names them), then the chunk."""
+    return [{"role": "system", "content": SYSTEM_PROMPTS[prompt]}, {"role": "user", "content": user_prompt(text, m)}]
 
 
 def pairs_schema(config: GenerationConfig) -> dict:
@@ -73,7 +88,7 @@ def cache_key(text: str, model_name: str, config: GenerationConfig) -> str:
     identity = {
         "text": text,
         "model": model_name,
-        "prompt": [PROMPT_VERSION, SYSTEM_PROMPT, user_prompt("", config.m)],
+        "prompt": [PROMPT_VERSION, SYSTEM_PROMPTS[config.prompt], user_prompt("", config.m)],
         "m": config.m,
         "sampling": sampling_spec(config).__dict__,
     }

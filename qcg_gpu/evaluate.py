@@ -155,8 +155,8 @@ class Harness:
             answer = "" if completion.error else completion.text.strip()
             abstained = is_abstention(answer)  # a failed request or an empty reply is not an abstention
             record.update(answer=answer, abstained=abstained, **({"error": completion.error} if completion.error else {}))
-            if record["type"] == NULL_TYPE:
-                record.update(em=float(abstained), f1=float(abstained), judge=float(abstained))
+            if record["type"] == NULL_TYPE:  # correct exactly when it abstains; judged (by that rule) only if judging is on
+                record.update(em=float(abstained), f1=float(abstained), judge=float(abstained) if judge else float("nan"))
                 continue
             record.update(em=exact_match(answer, record["gold"]), f1=token_f1(answer, record["gold"]),
                           judge=0.0 if judge else float("nan"))

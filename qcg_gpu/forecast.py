@@ -137,7 +137,7 @@ def forecast(input_path: str | Path, config: IndexConfig) -> Forecast:
 
 def _prompt_tokens(chunks, gen) -> tuple[int, str]:
     """Prompt tokens of the Doc2Query conversations: the model's chat template when it is local."""
-    conversations = [doc2query.build_conversation(c.text, gen.m) for c in chunks]
+    conversations = [doc2query.build_conversation(c.text, gen.m, gen.prompt) for c in chunks]
     path = resolve_model(gen.model, DEFAULT_LLM)[0] if gen.backend == "vllm" else gen.model  # openai: a served name, or a directory
     if Path(path).is_dir():
         from transformers import AutoTokenizer

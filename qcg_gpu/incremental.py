@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from .config import IndexConfig
+from .config import RUNTIME_OPTIONS, IndexConfig
 from .embedding import Embedder
 from .errors import QCGError
 from .knn import KnnGraph, add_nodes, remove_nodes
@@ -31,13 +31,6 @@ from .pipeline import (IndexSummary, embed_and_select, empty_pairs, generate_pai
                        read_chunks, stage, write_index)
 from .retrieval import QCGIndex
 
-# options that only say how to run (which server, device, cache), not what the index holds
-RUNTIME_OPTIONS = {
-    "generation": {"backend", "base_url", "api_key_env", "concurrency", "max_retries", "request_timeout", "batch_chunks",
-                   "cache", "replies_in", "replies_out", "gpu_memory_utilization", "enforce_eager", "max_model_len"},
-    "nodes": {"device", "embed_batch_size"},
-    "graph": {"knn_backend"},
-}
 ARRAYS = ("chunk_embeddings", "pair_embeddings", "node_embeddings")
 
 

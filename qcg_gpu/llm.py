@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from .capabilities import require, with_cuda
 from .config import GenerationConfig
 from .errors import QCGError
-from .models import DEFAULT_LLM, resolve_model
+from .models import DEFAULT_LLM, llm_identity, resolve_model
 
 Conversation = list[dict]
 
@@ -55,7 +55,7 @@ class LLMBackend(Protocol):
 
 def llm_name(config: GenerationConfig) -> str:
     """The name a backend made from ``config`` reports (and generation cache keys use), without loading it."""
-    return config.model or DEFAULT_LLM
+    return llm_identity(config.model) if config.backend == "vllm" else config.model
 
 
 def make_backend(config: GenerationConfig) -> LLMBackend:

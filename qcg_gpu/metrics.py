@@ -52,10 +52,15 @@ def token_f1(prediction: str, gold: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+# What an answer declines on: the sources ("the excerpts do not mention ..."), never a person or a
+# thing in them ("Adam does not mention any pets" and "an unknown number" are answers).
+_SOURCE = (r"(the |these |those )?(given |provided |above )?(text|context|documents?|excerpts?|passages?|conversations?"
+           r"|chats?|chunks?|sources?|records?|logs?)")
 _ABSTENTION = re.compile(
-    r"insufficient information|not enough information|no (relevant )?information|does not (say|mention|contain|provide|specify)"
-    r"|do not (say|mention|contain|provide|specify)|cannot (be )?(determine|answer)|can ?not (be )?(determined|answered)"
-    r"|unable to (determine|answer)|i (do not|don't) know|not (mentioned|specified|provided|stated)|unknown"
+    r"insufficient information|not enough information|no (relevant |such )?information|there is no (mention|record)"
+    rf"|{_SOURCE} (does|do|did) not (say|mention|contain|provide|specify|state|include|give)"
+    rf"|not (mentioned|specified|provided|stated|given|included) in {_SOURCE}"
+    r"|cannot (be )?(determine|answer)|can ?not (be )?(determined|answered)|unable to (determine|answer)|i (do not|don't) know"
 )
 
 
@@ -80,13 +85,16 @@ def judge_conversation(question: str, gold: str, candidate: str) -> list[dict]:
     ]
 
 
-_VERDICTS = {"correct": True, "incorrect": False, "yes": True, "no": False, "right": True, "wrong": False,
-             "true": True, "false": False, "not": False}
+_GRADES = re.compile(r"\b(not correct|incorrect|correct)\b")
+_ANSWER_WORDS = {"yes": True, "no": False, "right": True, "wrong": False, "true": True, "false": False}
 
 
 def parse_verdict(reply: str) -> bool | None:
-    """The judge's verdict from its first verdict word (``Incorrect.``, ``**Correct**``, ``Verdict: no``); None if absent."""
-    for word in re.findall(r"[a-z]+", reply.lower()):
-        if word in _VERDICTS:
-            return _VERDICTS[word]
-    return None
+    """The judge's verdict: its first grade word (``Incorrect.``, ``**Correct**``, ``not correct``) wherever it
+    stands, else its first yes/no-like word (``Verdict: no``); None if it has neither.
+
+    Grade words win over yes/no words: "No contradiction, correct" is correct, "True, the answer is incorrect" is not."""
+    text = reply.lower()
+    if grade := _GRADES.search(text):
+        return grade.group(1) == "correct"
+    return next((_ANSWER_WORDS[w] for w in re.findall(r"[a-z]+", text) if w in _ANSWER_WORDS), None)

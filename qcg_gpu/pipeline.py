@@ -10,13 +10,14 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pyarrow as pa
 from tqdm.auto import tqdm
 
 from . import doc2query
-from .cache import GenerationCache
+from .cache import GenerationCache, stored_settings
 from .chunking import Chunk, chunk_document, load_tokenizer
 from .config import IndexConfig, NodeConfig
 from .doc2query_minus import keep_mask
@@ -44,6 +45,8 @@ class IndexSummary:
     failed_chunks: list = field(default_factory=list)  # (chunk_id, error): no reply, retried on the next run
     empty_chunks: list = field(default_factory=list)  # chunk ids whose reply held no valid pair
     cached_chunks: int = 0
+    stored_chunks: Optional[int] = None  # chunks whose reply the --replies-in file held (None: no file given)
+    notes: list = field(default_factory=list)  # warnings worth the user's eye
     generated_chunks: int = 0
     cache_corrupt: int = 0
     truncated_replies: int = 0
@@ -63,6 +66,7 @@ class IndexSummary:
             f"  documents {self.documents} ({len(self.skipped)} skipped), chunks {self.chunks}",
             f"  pairs: {self.pairs_valid} valid, {self.pairs_kept} kept, dropped {dict(self.dropped) or 0}",
             f"  LLM: {self.generated_chunks} chunks generated, {self.cached_chunks} from cache"
+            + (f" ({self.stored_chunks} of {self.chunks} in the stored replies)" if self.stored_chunks is not None else "")
             + (f", {self.cache_corrupt} corrupt cache entries regenerated" if self.cache_corrupt else "")
             + (f", {self.truncated_replies} replies hit max_tokens" if self.truncated_replies else ""),
             f"  tokens: {self.prompt_tokens} prompt, {self.output_tokens} output"
@@ -75,6 +79,7 @@ class IndexSummary:
             lines.append(f"    first error: {self.failed_chunks[0][1]}")
         if self.empty_chunks:
             lines.append(f"  chunks with no valid pair: {self.empty_chunks}")
+        lines += [f"  note: {note}" for note in self.notes]
         for what, reason in self.skipped:
             lines.append(f"  skipped {what}: {reason}")
         return "\n".join(lines)
@@ -147,7 +152,7 @@ def load_embedder(config: NodeConfig, cluster=None) -> Embedder:
     """The embedder ``config`` names: in this process, or one per worker of a Ray ``cluster``."""
     if cluster is not None:
         return cluster.embedder(config)
-    return Embedder(config.embedder, config.device, config.embed_batch_size)
+    return Embedder(config.embedder, config.device, config.embed_batch_size, config.long_texts)
 
 
 def write_index(out: Path, tables: dict, arrays: dict, graph: KnnGraph, manifest: dict, summary: IndexSummary,
@@ -207,33 +212,59 @@ def empty_pairs() -> dict:
 def generate_pairs(chunks: list[Chunk], llm: LLMBackend | None, model_name: str, config: IndexConfig,
                     summary: IndexSummary, progress: bool) -> dict:
     """Pairs of every chunk: stored and cached replies reused, the rest generated in large batches
-    and cached per batch. The LLM is loaded only when some chunk has no reply yet."""
+    and cached per batch (``replies_out`` rewritten too, so a killed run leaves its replies to share).
+    The LLM is loaded only when some chunk has no reply yet."""
     gen = config.generation
+    settings = reply_settings(config, model_name)
     cache = GenerationCache(generation_cache(gen))
-    if gen.replies_in:
-        cache.import_parquet(gen.replies_in)
     keys = [doc2query.cache_key(c.text, model_name, gen) for c in chunks]
+    if gen.replies_in:
+        summary.notes += _check_stored_settings(gen.replies_in, settings)
+        stored = cache.import_parquet(gen.replies_in)
+        summary.stored_chunks = sum(key in stored for key in keys)
     replies = cache.get_many(list(set(keys)))
     summary.cache_corrupt = cache.corrupt
     summary.cached_chunks = sum(key in replies for key in keys)
     missing = list(dict.fromkeys(i for i, key in enumerate(keys) if key not in replies))
+
+    def share():
+        if gen.replies_out:
+            cache.export_parquet(list(dict.fromkeys(k for k in keys if k in replies)), gen.replies_out, settings)
+
     failed: dict[str, str] = {}
     if missing:
         with stage(summary, "load_llm", progress):
             llm = llm or make_backend(gen)
         with stage(summary, "generate", progress):
-            _generate_missing(chunks, keys, missing, llm, gen, cache, replies, failed, summary, progress)
+            _generate_missing(chunks, keys, missing, llm, gen, cache, replies, failed, summary, progress, share)
         record_throughput(gen, model_name, summary.generated_chunks, summary.generated_output_tokens, summary.seconds["generate"],
                           workers=getattr(llm, "workers", 1))  # a RayLLM runs one engine per worker
-    if gen.replies_out:
-        cache.export_parquet(list(dict.fromkeys(k for k in keys if k in replies)), gen.replies_out)
+    share()
     cache.close()
     return _parse_replies(keys, replies, failed, gen, summary)
 
 
+def reply_settings(config: IndexConfig, model_name: str) -> dict:
+    """What decided this build's replies (recorded in a stored generation), with the LLM by the name it is known by."""
+    settings = config.reply_settings()
+    settings["generation"]["model"] = model_name
+    return settings
+
+
+def _check_stored_settings(path: str, settings: dict) -> list[str]:
+    """A note for each setting a stored generation was made with that this build changes (its replies will not match)."""
+    stored = stored_settings(path)
+    if stored is None:
+        return [f"{path} does not record its settings (made before qcg-gpu recorded them); replies match only under the same ones"]
+    return [f"{path} was made with {section}.{key}={value!r}, this build uses {settings[section].get(key)!r}: "
+            "chunks it affects are generated anew"
+            for section, values in stored.items() for key, value in values.items()
+            if section in settings and settings[section].get(key, value) != value]
+
+
 def _generate_missing(chunks, keys, missing, llm: LLMBackend, gen, cache: GenerationCache, replies: dict, failed: dict,
-                      summary: IndexSummary, progress: bool) -> None:
-    conversations = [doc2query.build_conversation(chunks[i].text, gen.m) for i in missing]
+                      summary: IndexSummary, progress: bool, after_batch) -> None:
+    conversations = [doc2query.build_conversation(chunks[i].text, gen.m, gen.prompt) for i in missing]
     for rows, completions in chat_batches(llm, conversations, doc2query.sampling_spec(gen), gen.batch_chunks, progress):
         fresh = {}
         for i, completion in zip((missing[r] for r in rows), completions):
@@ -250,6 +281,7 @@ def _generate_missing(chunks, keys, missing, llm: LLMBackend, gen, cache: Genera
             summary.generated_output_tokens += completion.output_tokens
         cache.put_many(fresh)
         replies.update(fresh)
+        after_batch()
 
 
 def chat_batches(llm: LLMBackend, conversations: list, sampling, batch_size: int, progress: bool):
@@ -349,7 +381,8 @@ def _manifest(config: IndexConfig, summary: IndexSummary, llm_name: str | None, 
     return {
         "created_unix": time.time(),
         "settings": settings,
-        "models": {"llm": llm_name, "embedder": embedder.model_name, "embedding_dim": embedder.dim},
+        "models": {"llm": llm_name, "embedder": embedder.model_name, "embedding_dim": embedder.dim,
+                   "embedder_max_tokens": embedder.max_tokens, "texts_embedded_over_windows": embedder.windowed_texts},
         "counts": {
             "documents": summary.documents,
             "documents_skipped": len(summary.skipped),

@@ -45,8 +45,10 @@ def read_queries(query: str | None = None, path: str | Path | None = None) -> tu
 
 
 def index_embedder(index: QCGIndex, device: str | None = None) -> Embedder:
+    """The embedder the index was built with, treating long texts as its build did."""
     name = index.manifest["models"]["embedder"]
-    return Embedder(None if name == DEFAULT_EMBEDDER else name, device)
+    long_texts = index.manifest["settings"]["nodes"].get("long_texts", "truncate")  # older indexes truncated
+    return Embedder(None if name == DEFAULT_EMBEDDER else name, device, long_texts=long_texts)
 
 
 def load_query_embeddings(path: str | Path) -> np.ndarray:

@@ -143,10 +143,17 @@ def test_limit_per_type_takes_the_first_of_each_type(tmp_path):
 def test_jsonl_questions(tmp_path):
     path = tmp_path / "q.jsonl"
     path.write_text('{"question": "Who?", "answer": "Ann", "evidence_doc_ids": ["d1"], "type": "Single", "query_id": "x"}\n\n'
-                    '{"question": "Why?", "answer": "Insufficient information"}\n')
-    first, second = load_dataset("jsonl", path).questions
+                    '{"question": "Why?", "answer": "Insufficient information"}\n'
+                    '{"question": "When?", "answer": "Noon", "evidence_doc_ids": ["d2"]}\n'
+                    '{"question": "Where?", "type": "Null"}\n')
+    evalset = load_dataset("jsonl", path)
+    first, second, third, fourth = evalset.questions
     assert (first.qid, first.evidence, first.type) == ("x", ["d1"], "single")
-    assert (second.qid, second.evidence, second.type) == ("3", [], "null")
+    # neither evidence nor type: not silently a Null question, and reported
+    assert (second.qid, second.evidence, second.type) == ("3", [], "untyped")
+    assert evalset.problems == ["q.jsonl:3: neither 'type' nor 'evidence_doc_ids'; typed 'untyped' (answer metrics only); "
+                                'give "type": "null" to questions that should be declined']
+    assert (third.type, fourth.type) == ("single", "null")
     path.write_text('{"question": ""}\n')
     with pytest.raises(QCGError, match=":1: needs a non-empty 'question'"):
         load_dataset("jsonl", path)

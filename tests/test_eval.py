@@ -171,3 +171,15 @@ def test_failed_answers_count_as_incorrect_never_as_abstentions(small_index, que
     assert llm.asked == 1  # one batched answering call, no judge call for failed answers
     assert all(r["error"].startswith("APIConnectionError") and not r["abstained"] for r in records)
     assert [r["judge"] for r in records] == [0.0, 0.0, 0.0]  # the Null question too
+
+
+def test_answers_without_judging_leave_every_judge_value_empty(small_index, questions_file, vllm_backend, embedder):
+    """With judging off no question is judged, Null ones included: the judge column must not hold Null questions alone."""
+    harness = Harness(QCGIndex.load(small_index), load_dataset("jsonl", questions_file), embedder, RetrievalConfig(gamma=1.0),
+                      llm=vllm_backend, progress=False)
+    records = harness.run(EvalConfig(methods="naive", judge=False)).records
+    assert [r["type"] for r in records] == ["single", "single", "null"]
+    assert all(np.isnan(r["judge"]) for r in records)
+    assert records[2]["em"] == float(records[2]["abstained"])  # the Null question is still scored by abstaining
+    row = summarize(records, ["single", "null"])[0]
+    assert np.isnan(row["judge"]) and np.isnan(row["judge_null"])

@@ -33,13 +33,17 @@ def test_answer_metrics():
 @pytest.mark.parametrize("answer", [
     "Insufficient information.", "insufficient information", "The excerpts do not mention this.",
     "I don't know.", "It cannot be determined from the documents.", "There is not enough information to answer.",
-    "No information is given about the mayor.",
+    "No information is given about the mayor.", "The date is not mentioned in the conversations.",
+    "The provided context does not specify the time.", "There is no mention of a dog.",
 ])
 def test_abstentions(answer):
     assert is_abstention(answer)
 
 
-@pytest.mark.parametrize("answer", ["Yes", "5:30 PM", "A community planting day", "Information desk at 9 am"])
+@pytest.mark.parametrize("answer", ["Yes", "5:30 PM", "A community planting day", "Information desk at 9 am",
+                                    # statements about people and things in the sources, not about the sources
+                                    "Adam does not mention any pets.", "The caller used an unknown number.",
+                                    "Wolfgang did not say when he would arrive; LiHua suggested 6 pm."])
 def test_answers_that_do_not_abstain(answer):
     assert not is_abstention(answer)
 
@@ -48,6 +52,9 @@ def test_answers_that_do_not_abstain(answer):
     ("correct", True), ("Correct.", True), ("**Incorrect**", False), ("incorrect - the date differs", False),
     ("Verdict: correct", True), ("Verdict: no", False), ("The answer is not correct.", False),
     ("Yes, it matches.", True), ("", None), ("I cannot grade this.", None),
+    # a grade word decides wherever it stands, over yes/no-like words before it
+    ("No contradiction, correct", True), ("True, the answer is incorrect", False), ("No. Incorrect.", False),
+    ("Incorrect. The correct answer is 5 pm.", False), ("Not correct", False),
 ])
 def test_judge_verdicts(reply, verdict):
     assert parse_verdict(reply) is verdict
