@@ -74,7 +74,8 @@ class GenerationConfig:
     enforce_eager: bool = option(True, "vLLM: skip graph capture/compilation (fast start; compiled mode gains ~8%% on CPU).")
     batch_chunks: int = option(
         2048,
-        "Chunks per batched LLM call; results are cached after each batch so an interrupted run loses at most one batch.",
+        "Chunks in the LLM at once (vLLM: requests in flight, refilled as each finishes; other backends: chunks per "
+        "call). Every reply is cached as it arrives (per batch where the backend answers in batches).",
     )
     base_url: Optional[str] = option(None, "OpenAI-compatible backend: server URL, e.g. http://127.0.0.1:8000/v1.")
     api_key_env: str = option("OPENAI_API_KEY", "OpenAI-compatible backend: environment variable holding the API key.")

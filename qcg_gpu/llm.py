@@ -145,22 +145,60 @@ class VLLMBackend:
         )
 
     def chat(self, conversations, sampling, progress=True):
-        if not conversations:
-            return []
+        completions: list[Completion] = [Completion()] * len(conversations)
+        for finished in self.chat_stream(conversations, sampling, len(conversations), progress):
+            for position, completion in finished:
+                completions[position] = completion
+        return completions
+
+    def chat_stream(self, conversations, sampling, window: int, progress=True):
+        """Lists of (position, Completion) as requests finish, engine step by engine step.
+
+        At most ``window`` requests are in the engine at once, and each one that finishes is
+        replaced at once: the engine never drains between batches, and a caller can store every
+        reply as it comes. If the engine fails, every request not yet finished comes back failed."""
+        params = self.sampling_params(sampling)
+        engine, pending = self.llm.llm_engine, iter(range(len(conversations)))
+        position: dict[str, int] = {}  # request id -> conversation
+        output_tokens = 0
+        bar = tqdm(total=len(conversations), desc="LLM replies", unit="chunk", disable=not progress)
+
+        def refill():
+            todo = [i for _, i in zip(range(window - len(position)), pending)]
+            if todo:
+                internal = self.llm.enqueue_chat([conversations[i] for i in todo], params, use_tqdm=False)
+                # vLLM returns its internal ids ("<id>-<8 random chars>"); outputs and aborts use the plain id
+                position.update(zip((rid.rsplit("-", 1)[0] for rid in internal), todo))
+
         try:
-            outputs = self.llm.chat(conversations, self.sampling_params(sampling), use_tqdm=progress)
-        except Exception as exc:  # the engine failed mid-batch: report every request of it, keep the run
+            refill()
+            while position:
+                finished = [(position.pop(out.request_id), _completion(out)) for out in engine.step() if out.finished]
+                if finished:
+                    output_tokens += sum(c.output_tokens for _, c in finished)
+                    bar.set_postfix_str(f"{output_tokens / max(bar.format_dict['elapsed'], 1e-9):.1f} output tok/s", refresh=False)
+                    bar.update(len(finished))
+                    refill()
+                    yield finished
+        except Exception as exc:  # the engine failed mid-run: report every request not finished, keep the run
             error = f"vLLM engine error: {exc.__class__.__name__}: {exc}"[:500]
-            return [Completion(error=error) for _ in conversations]
-        return [
-            Completion(
-                text=out.outputs[0].text,
-                prompt_tokens=len(out.prompt_token_ids or ()),
-                output_tokens=len(out.outputs[0].token_ids),
-                finish_reason=out.outputs[0].finish_reason,
-            )
-            for out in outputs
-        ]
+            yield [(i, Completion(error=error)) for i in [*position.values(), *pending]]
+        finally:
+            if position:  # the caller stopped early (or the engine failed): free the engine of what is left
+                try:
+                    engine.abort_request(list(position))
+                except Exception:  # a broken engine cannot abort; nothing more to free
+                    pass
+            bar.close()
+
+
+def _completion(output) -> Completion:
+    return Completion(
+        text=output.outputs[0].text,
+        prompt_tokens=len(output.prompt_token_ids or ()),
+        output_tokens=len(output.outputs[0].token_ids),
+        finish_reason=output.outputs[0].finish_reason,
+    )
 
 
 class OpenAIBackend:

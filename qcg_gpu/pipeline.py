@@ -209,6 +209,9 @@ def empty_pairs() -> dict:
     }
 
 
+SHARE_EVERY_S = 30.0  # how often a generating build rewrites its --replies-out file
+
+
 def generate_pairs(chunks: list[Chunk], llm: LLMBackend | None, model_name: str, config: IndexConfig,
                     summary: IndexSummary, progress: bool) -> dict:
     """Pairs of every chunk: stored and cached replies reused, the rest generated in large batches
@@ -227,16 +230,20 @@ def generate_pairs(chunks: list[Chunk], llm: LLMBackend | None, model_name: str,
     summary.cached_chunks = sum(key in replies for key in keys)
     missing = list(dict.fromkeys(i for i, key in enumerate(keys) if key not in replies))
 
-    def share():
-        if gen.replies_out:
+    last_shared = [0.0]
+
+    def share(every_s: float = 0.0):  # rewritten at most every ``every_s`` seconds while generating, and at the end
+        if gen.replies_out and time.monotonic() - last_shared[0] >= every_s:
             cache.export_parquet(list(dict.fromkeys(k for k in keys if k in replies)), gen.replies_out, settings)
+            last_shared[0] = time.monotonic()
 
     failed: dict[str, str] = {}
     if missing:
         with stage(summary, "load_llm", progress):
             llm = llm or make_backend(gen)
         with stage(summary, "generate", progress):
-            _generate_missing(chunks, keys, missing, llm, gen, cache, replies, failed, summary, progress, share)
+            _generate_missing(chunks, keys, missing, llm, gen, cache, replies, failed, summary, progress,
+                              lambda: share(every_s=SHARE_EVERY_S))
         record_throughput(gen, model_name, summary.generated_chunks, summary.generated_output_tokens, summary.seconds["generate"],
                           workers=getattr(llm, "workers", 1))  # a RayLLM runs one engine per worker
     share()
@@ -285,10 +292,16 @@ def _generate_missing(chunks, keys, missing, llm: LLMBackend, gen, cache: Genera
 
 
 def chat_batches(llm: LLMBackend, conversations: list, sampling, batch_size: int, progress: bool):
-    """(rows, completions) per batch of ``conversations`` as each finishes; a backend that
-    schedules batches itself (:class:`distributed.RayLLM`) streams them in its own order."""
+    """(rows, completions) as they finish: a backend that streams (:meth:`llm.VLLMBackend.chat_stream`)
+    keeps ``batch_size`` requests in flight and hands over each engine step's finished ones; a
+    backend that schedules batches itself (:class:`distributed.RayLLM`) streams them in its own
+    order; any other is called one batch at a time."""
     if hasattr(llm, "chat_batches"):
         yield from llm.chat_batches(conversations, sampling, batch_size, progress)
+        return
+    if hasattr(llm, "chat_stream"):
+        for finished in llm.chat_stream(conversations, sampling, batch_size, progress):
+            yield [row for row, _ in finished], [completion for _, completion in finished]
         return
     for start in range(0, len(conversations), batch_size):
         batch = conversations[start : start + batch_size]

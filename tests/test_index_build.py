@@ -4,14 +4,17 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from qcg_gpu import build_index
+from qcg_gpu.cache import GenerationCache, stored_settings
 from qcg_gpu.config import IndexConfig
 from qcg_gpu.index_format import load_array, load_table, read_manifest
 from qcg_gpu.llm import Completion
 from qcg_gpu.nodes import split_sentences
 
+from .conftest import qcg
 from .test_knn import brute_force
 
 pytestmark = pytest.mark.llm
@@ -122,6 +125,58 @@ def test_stored_replies_replay_a_generation_without_loading_an_llm(built, tmp_pa
     assert summary.cached_chunks == 4 and "load_llm" not in summary.seconds
     assert load_table(tmp_path / "replayed", "pairs").equals(load_table(index, "pairs"))
     np.testing.assert_array_equal(load_array(tmp_path / "replayed", "knn_indices"), load_array(index, "knn_indices"))
+
+
+def test_a_stored_generation_rebuilds_its_index_with_no_other_flag(tmp_path, few_docs, vllm_backend, embedder):
+    """The replies file records the settings its keys were made with: `qcg index DOCS OUT --replies-in FILE`
+    rebuilds the same index, with no LLM, and says how much of the corpus the file covered."""
+    config = _config(tmp_path)
+    config.generation.m, config.generation.prompt, config.chunking.chunk_tokens = 3, "self-contained", 150
+    config.generation.replies_out = str(tmp_path / "replies.parquet")
+    made = build_index(few_docs, tmp_path / "made", config, llm=vllm_backend, embedder=embedder, progress=False)
+    stored = stored_settings(tmp_path / "replies.parquet")
+    assert stored["generation"]["model"] == vllm_backend.model_name and stored["generation"]["m"] == 3
+    assert stored["generation"]["prompt"] == "self-contained" and stored["chunking"]["chunk_tokens"] == 150
+    assert "cache" not in stored["generation"] and "backend" not in stored["generation"]  # how it ran is no setting
+
+    result = qcg("index", few_docs, tmp_path / "replayed", "--replies-in", tmp_path / "replies.parquet",
+                 "--cache", tmp_path / "fresh.sqlite", "--device", "cpu", "--alpha", "0.5", "--quiet")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"0 chunks generated, {made.chunks} from cache ({made.chunks} of {made.chunks} in the stored replies)" in result.stdout
+    assert load_table(tmp_path / "replayed", "pairs").equals(load_table(tmp_path / "made", "pairs"))
+    settings = read_manifest(tmp_path / "replayed")["settings"]
+    assert (settings["generation"]["m"], settings["chunking"]["chunk_tokens"]) == (3, 150)
+
+
+def test_a_build_that_changes_a_stored_generations_settings_says_so(tmp_path, few_docs, vllm_backend, embedder):
+    config = _config(tmp_path)
+    config.generation.replies_out = str(tmp_path / "replies.parquet")
+    build_index(few_docs, tmp_path / "made", config, llm=vllm_backend, embedder=embedder, progress=False)
+    other = _config(tmp_path / "fresh")  # an empty cache of its own
+    other.generation.m, other.generation.replies_in = 2, str(tmp_path / "replies.parquet")
+    summary = build_index(few_docs, tmp_path / "other", other, llm=vllm_backend, embedder=embedder, progress=False)
+    assert summary.stored_chunks == 0 and summary.generated_chunks == 4
+    assert any("generation.m=4" in note and "uses 2" in note for note in summary.notes)
+    assert "note: " in summary.format()
+
+
+def test_replies_out_is_written_while_generating(tmp_path, few_docs, vllm_backend, embedder, monkeypatch):
+    """A killed run leaves its finished replies in --replies-out: seen here as the file after the first reply."""
+    config = _config(tmp_path)
+    config.generation.replies_out = str(tmp_path / "replies.parquet")
+    config.generation.batch_chunks = 1
+    monkeypatch.setattr("qcg_gpu.pipeline.SHARE_EVERY_S", 0.0)
+    sizes = []
+    real_export = GenerationCache.export_parquet
+
+    def export(self, keys, path, settings=None):
+        sizes.append(real_export(self, keys, path, settings))
+        return sizes[-1]
+
+    monkeypatch.setattr(GenerationCache, "export_parquet", export)
+    build_index(few_docs, tmp_path / "idx", config, llm=vllm_backend, embedder=embedder, progress=False)
+    assert sizes[0] == 1 and sizes[-1] == 4 and sizes == sorted(sizes)
+    assert pq.read_table(tmp_path / "replies.parquet").num_rows == 4
 
 
 def test_question_nodes_reuse_generation(built, tmp_path, few_docs, vllm_backend, embedder):

@@ -1,32 +1,55 @@
 #!/usr/bin/env bash
-# The LiHuaWorld evaluation of benchmarks/RESULTS.md, rerun in minutes from the committed generation.
+# The LiHuaWorld evaluation of benchmarks/RESULTS.md, rerun in minutes from the committed generations.
 #
-#   benchmarks/lihuaworld/run.sh [retrieval|answers|all]      (default: all)
+#   benchmarks/lihuaworld/run.sh [retrieval|answers|all] [REPLIES.parquet ...]
+#       (default: all, over every committed replies-*.parquet that covers the whole corpus)
 #
-# 1. Rebuilds the whole-corpus index from replies-smollm2.parquet: no LLM is loaded, only the
-#    embedder runs (~1 min on 2 cores). The replies were made once with the bundled SmolLM2:
-#      qcg index $DATA/docs OUT --batch-chunks 32 --replies-out benchmarks/lihuaworld/replies-smollm2.parquet
+# For each generation NAME (replies-NAME.parquet):
+# 1. Rebuilds the whole-corpus index from the stored replies: no LLM is loaded, only the embedder
+#    runs (~2 min on 2 cores). The file records the model and settings it was made with, so no other
+#    flag is needed; a second index embeds long texts truncated (the paper's setup) for comparison.
+#    The generations were made once with
+#      qcg index $DATA/docs OUT --replies-out benchmarks/lihuaworld/replies-smollm2.parquet
+#      qcg index $DATA/docs OUT --model qwen2.5-coder-1.5b --m 10 --prompt self-contained \
+#          --temperature 0 --repetition-penalty 1.0 --batch-chunks 64 \
+#          --replies-out benchmarks/lihuaworld/replies-qwen2.5-coder-1.5b.parquet
+#    A file named ...-partial.parquet is a generation still under way: resume it with the same
+#    command plus --replies-in FILE (it generates only the chunks the file lacks).
 # 2. retrieval: every method and node-text ablation, and the paper's four sweeps, scored by
-#    retrieval metrics on the dev split (no LLM).
-# 3. answers: the main methods answered and judged by the bundled SmolLM2 on a balanced part of
-#    the dev split (20 questions per type); on a GPU with a real model drop --limit-per-type and
-#    pass --model (and --judge-model).
+#    retrieval metrics on the dev split (no LLM), into benchmarks/lihuaworld/NAME/retrieval/.
+# 3. answers: the main methods answered and judged by the generation's own LLM on a balanced part
+#    of the dev split (PER_TYPE questions per type), into benchmarks/lihuaworld/NAME/answers/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DATA=${DATA:-../shared/data/lihuaworld}
 OUT=${OUT:-benchmarks/out/lihuaworld}
 WHAT=${1:-all}
-mkdir -p "$OUT"
+shift || true
+GENERATIONS=("$@")
+[ ${#GENERATIONS[@]} -gt 0 ] || GENERATIONS=(benchmarks/lihuaworld/replies-*.parquet)
 
-qcg index "$DATA/docs" "$OUT/index" --overwrite --quiet \
-    --replies-in benchmarks/lihuaworld/replies-smollm2.parquet --cache "$OUT/replay-cache.sqlite"
+for replies in "${GENERATIONS[@]}"; do
+    name=$(basename "$replies" .parquet)
+    name=${name#replies-}
+    if [[ $name == *-partial ]]; then
+        echo "skipping $replies: a generation still under way (see the header of this script to resume it)"
+        continue
+    fi
+    work="$OUT/$name" results="benchmarks/lihuaworld/$name"
+    mkdir -p "$work" "$results"
+    qcg index "$DATA/docs" "$work/index" --overwrite --quiet --replies-in "$replies" --cache "$work/replay-cache.sqlite"
+    qcg index "$DATA/docs" "$work/index-truncate" --overwrite --quiet --replies-in "$replies" \
+        --cache "$work/replay-cache.sqlite" --long-texts truncate
+    model=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['models']['llm'])" "$work/index/manifest.json")
 
-if [[ $WHAT == retrieval || $WHAT == all ]]; then
-    /usr/bin/time -f "retrieval eval: %e s wall" qcg eval --dataset lihuaworld --data "$DATA" --index "$OUT/index" \
-        --out "$OUT/retrieval" --no-answers --quiet \
-        --methods naive,d2q,d2q-minus,qcg,qcg-q,qcg-a,qcg-sentence --sweeps hops,knn,seeds,alpha
-fi
-if [[ $WHAT == answers || $WHAT == all ]]; then
-    /usr/bin/time -f "answer eval: %e s wall" qcg eval --dataset lihuaworld --data "$DATA" --index "$OUT/index" \
-        --out "$OUT/answers" --methods naive,d2q-minus,qcg --limit-per-type "${PER_TYPE:-20}" --quiet
-fi
+    if [[ $WHAT == retrieval || $WHAT == all ]]; then
+        /usr/bin/time -f "$name retrieval eval: %e s wall" qcg eval --dataset lihuaworld --data "$DATA" \
+            --index "$work/index" --compare-index "truncate=$work/index-truncate" --out "$results/retrieval" \
+            --no-answers --quiet --methods naive,d2q,d2q-minus,qcg,qcg-q,qcg-a,qcg-sentence --sweeps hops,knn,seeds,alpha
+    fi
+    if [[ $WHAT == answers || $WHAT == all ]]; then
+        /usr/bin/time -f "$name answer eval: %e s wall" qcg eval --dataset lihuaworld --data "$DATA" \
+            --index "$work/index" --out "$results/answers" --methods naive,d2q-minus,qcg \
+            --model "$model" --limit-per-type "${PER_TYPE:-20}" --quiet
+    fi
+done

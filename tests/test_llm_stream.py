@@ -1,0 +1,58 @@
+"""vLLM's engine streamed: replies handed over as they finish, a bounded window kept full (real SmolLM2)."""
+from __future__ import annotations
+
+import pytest
+
+from qcg_gpu.llm import SamplingSpec
+
+pytestmark = pytest.mark.llm
+
+SAMPLING = SamplingSpec(temperature=0.0, top_p=1.0, max_tokens=12, seed=0)
+
+
+def conversations(n: int) -> list:
+    return [[{"role": "user", "content": f"Count from {i} to {i + 5}."}] for i in range(n)]
+
+
+def test_stream_hands_over_every_reply_once_with_a_bounded_window(vllm_backend):
+    engine = vllm_backend.llm.llm_engine
+    seen, in_flight = [], []
+    for finished in vllm_backend.chat_stream(conversations(7), SAMPLING, window=3, progress=False):
+        in_flight.append(engine.get_num_unfinished_requests())
+        seen += [position for position, _ in finished]
+        assert all(c.error is None and c.text and c.output_tokens > 0 for _, c in finished), finished
+    assert sorted(seen) == list(range(7))
+    assert max(in_flight) <= 3  # refilled up to the window, never beyond it
+    assert not engine.has_unfinished_requests()
+
+
+def test_stopping_early_frees_the_engine(vllm_backend):
+    engine = vllm_backend.llm.llm_engine
+    stream = vllm_backend.chat_stream(conversations(6), SAMPLING, window=4, progress=False)
+    first = next(stream)
+    assert first and engine.has_unfinished_requests()
+    stream.close()  # e.g. the caller was interrupted
+    assert not engine.has_unfinished_requests()
+    # the engine serves the next call as usual
+    assert [c.error for c in vllm_backend.chat(conversations(2), SAMPLING, progress=False)] == [None, None]
+
+
+def test_engine_failure_fails_every_unfinished_request(vllm_backend, monkeypatch):
+    engine = vllm_backend.llm.llm_engine
+    real_step, steps = engine.step, []
+
+    def failing_step():
+        steps.append(1)
+        if len(steps) == 3:
+            raise RuntimeError("engine died")
+        return real_step()
+
+    monkeypatch.setattr(engine, "step", failing_step)
+    handed = {}
+    for finished in vllm_backend.chat_stream(conversations(5), SAMPLING, window=2, progress=False):
+        handed.update(finished)
+    assert sorted(handed) == list(range(5))  # each request once: finished, or failed with the engine's error
+    failed = [c for c in handed.values() if c.error]
+    assert failed and all(c.error == "vLLM engine error: RuntimeError: engine died" for c in failed)
+    monkeypatch.undo()
+    assert not engine.has_unfinished_requests()
