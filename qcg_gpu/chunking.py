@@ -91,5 +91,8 @@ def chunk_document(doc_id: str, pieces: Iterable[str], tokenizer: Tokenizer, con
         if pos:
             offset = starts[pos] if pos < len(starts) else len(text)
             text, starts = text[offset:], [start - offset for start in starts[pos:]]
-    if text[starts[0] if starts else 0 :].strip():
+    # The rest is a last, shorter window, unless all it adds to the previous window (whose last
+    # ``chunk_overlap`` tokens it starts with) is whitespace.
+    new = config.chunk_overlap if index else 0
+    if len(starts) > new and text[starts[new] :].strip():
         yield Chunk(doc_id, index, len(starts), text[starts[0] :])

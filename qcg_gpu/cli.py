@@ -393,10 +393,10 @@ def _index_config(args, stored_generation: bool = False) -> IndexConfig:
     """The options given; with ``stored_generation``, options not given take the settings a
     --replies-in file was made with, so that ``qcg index DOCS OUT --replies-in FILE`` rebuilds its index."""
     config = IndexConfig()
-    if stored_generation and args.replies_in:
+    if stored_generation and args.replies_in and os.path.isfile(args.replies_in):  # a missing file is refused by validate()
         from .cache import stored_settings
 
-        config = IndexConfig.from_dict(stored_settings(args.replies_in) or {}) if os.path.isfile(args.replies_in) else config
+        config = IndexConfig.from_dict(stored_settings(args.replies_in) or {})
     for name in IndexConfig.SECTIONS:
         _fill(getattr(config, name), args)
     return config

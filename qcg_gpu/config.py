@@ -83,6 +83,9 @@ class GenerationConfig:
     max_retries: int = option(5, "OpenAI-compatible backend: retries (exponential backoff) on 429/5xx/timeouts.")
     request_timeout: float = option(300.0, "OpenAI-compatible backend: seconds before one request times out.")
     structured_output: bool = option(True, "Constrain the LLM to the pairs JSON schema (turn off for servers that lack it).")
+    compact_json: bool = option(
+        False, "vLLM: hold the JSON reply to no optional whitespace (Qwen models indent it: ~1/3 of their output tokens)."
+    )
     cache: Optional[str] = option(
         None, "Generation cache (SQLite file) keyed by chunk text, model, prompt, M and sampling (default: user cache dir)."
     )
@@ -98,6 +101,8 @@ class GenerationConfig:
             raise QCGError(f"stored replies file not found: {self.replies_in}")
         if self.backend == "openai" and not self.base_url:
             raise QCGError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
+        if self.backend == "openai" and self.compact_json:
+            raise QCGError("--compact-json needs --backend vllm (an OpenAI-compatible server has no such option)")
         if self.backend == "openai" and not self.model:
             raise QCGError("--backend openai needs --model (the served model's name)")
 

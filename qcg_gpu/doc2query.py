@@ -26,17 +26,16 @@ SYSTEM_PROMPTS = {
         "and every answer must be a short exact span or fact from the text. Questions must be distinct and cover different "
         "facts (who, what, when, where, why). Reply with JSON only."
     ),
-    # Questions a user would ask of the whole collection: each names who and what it is about, since a
-    # node is matched against user queries without its chunk ("What day is lunch?" fits a hundred chats).
+    # Questions a user would ask of the whole collection: each about one fact of the text and naming who
+    # and what it is about, since a node is matched against user queries without its chunk.
     "self-contained": (
-        "You write question-answer pairs for a search index over a large collection of texts. Every question must be "
-        "answerable from the given text alone and must make sense without it: name the people, places, things and dates "
-        "it is about, never 'he', 'they', 'the text' or 'the conversation'. Every answer must be a short exact span or "
-        "fact from the text. Questions must be distinct and cover different facts (who, what, when, where, why). "
-        "Reply with JSON only."
+        "You write question-answer pairs for a search index over a large collection of chat logs and documents. Each "
+        "pair is about one specific fact stated in the given text: an event, plan, time, date, place, object, number, "
+        "opinion or reason. Each question must make sense on its own, without the text: name the people and things it "
+        "is about instead of 'he', 'they' or 'the text'. Each answer is a short span copied from the text. Do not ask "
+        "who someone is or what their name is. Questions must be distinct. Reply with JSON only."
     ),
 }
-SYSTEM_PROMPT = SYSTEM_PROMPTS["basic"]
 # No worked example: small models copy an example's facts into every reply (measured with
 # SmolLM2-135M: the example's bakery showed up in unrelated chunks), and the JSON schema
 # already fixes the format.
@@ -80,6 +79,7 @@ def sampling_spec(config: GenerationConfig) -> SamplingSpec:
         seed=config.seed,
         repetition_penalty=config.repetition_penalty,
         json_schema=pairs_schema(config) if config.structured_output else None,
+        compact_json=config.compact_json,
     )
 
 
@@ -90,7 +90,8 @@ def cache_key(text: str, model_name: str, config: GenerationConfig) -> str:
         "model": model_name,
         "prompt": [PROMPT_VERSION, SYSTEM_PROMPTS[config.prompt], user_prompt("", config.m)],
         "m": config.m,
-        "sampling": sampling_spec(config).__dict__,
+        # compact_json enters the key only when on, so keys made before it existed stay valid
+        "sampling": {k: v for k, v in sampling_spec(config).__dict__.items() if k != "compact_json" or v},
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
@@ -135,7 +136,11 @@ def _candidate_items(text: str):
 
 
 def parse_pairs(text: str, m: int) -> ParsedPairs:
-    """Valid, distinct (question, answer) pairs of an LLM reply, at most ``m``, with drop counts."""
+    """Valid, distinct (question, answer) pairs of an LLM reply, at most ``m``, with drop counts.
+
+    Each item of the reply is counted once: kept, or dropped for one reason (``invalid_item``,
+    ``empty``, ``duplicate``, ``beyond_m``); ``short_of_m`` counts the items a reply of fewer than
+    ``m`` lacked. So kept + invalid + empty + duplicate + short_of_m == m whenever no item is beyond m."""
     result = ParsedPairs()
     items, salvaged = _candidate_items(text)
     if salvaged:
@@ -158,6 +163,6 @@ def parse_pairs(text: str, m: int) -> ParsedPairs:
             continue
         seen.add(key)
         result.pairs.append((question, answer))
-    if len(result.pairs) < m:
-        result.dropped["short_of_m"] += m - len(result.pairs)
+    if len(items) < m:  # pairs the reply never wrote (items it wrote but we dropped are counted above, once)
+        result.dropped["short_of_m"] += m - len(items)
     return result

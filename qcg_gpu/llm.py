@@ -36,6 +36,7 @@ class SamplingSpec:
     seed: int
     repetition_penalty: float = 1.0
     json_schema: Optional[dict] = None
+    compact_json: bool = False  # structured output without optional whitespace (vLLM): fewer output tokens
 
 
 @dataclass
@@ -132,7 +133,9 @@ class VLLMBackend:
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
-        structured = StructuredOutputsParams(json=sampling.json_schema) if sampling.json_schema else None
+        structured = None
+        if sampling.json_schema:
+            structured = StructuredOutputsParams(json=sampling.json_schema, disable_any_whitespace=sampling.compact_json)
         return SamplingParams(
             temperature=sampling.temperature,
             top_p=sampling.top_p,

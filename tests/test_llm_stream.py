@@ -56,3 +56,13 @@ def test_engine_failure_fails_every_unfinished_request(vllm_backend, monkeypatch
     assert failed and all(c.error == "vLLM engine error: RuntimeError: engine died" for c in failed)
     monkeypatch.undo()
     assert not engine.has_unfinished_requests()
+
+
+def test_compact_json_replies_carry_no_optional_whitespace(vllm_backend):
+    from qcg_gpu import doc2query
+    from qcg_gpu.config import GenerationConfig
+
+    config = GenerationConfig(m=2, compact_json=True, max_tokens=120)
+    [reply] = vllm_backend.chat([doc2query.build_conversation("Adam: The rent is due on the 5th.", 2)],
+                                doc2query.sampling_spec(config), progress=False)
+    assert reply.text.startswith('{"pairs":[{"question":"') and "\n" not in reply.text and '": "' not in reply.text
