@@ -10,9 +10,10 @@
 #    flag is needed; a second index embeds long texts truncated (the paper's setup) for comparison.
 #    The generations were made once with
 #      qcg index $DATA/docs OUT --replies-out benchmarks/lihuaworld/replies-smollm2.parquet
-#      qcg index $DATA/docs OUT --model qwen2.5-coder-1.5b --m 10 --prompt self-contained \
-#          --temperature 0 --repetition-penalty 1.0 --batch-chunks 64 \
-#          --replies-out benchmarks/lihuaworld/replies-qwen2.5-coder-1.5b.parquet
+#      VLLM_CPU_KVCACHE_SPACE=4 qcg index $DATA/docs OUT --model qwen2.5-coder-1.5b --m 10 --top-p 1.0 \
+#          --repetition-penalty 1.0 --compact-json --batch-chunks 64 \
+#          --replies-out benchmarks/lihuaworld/replies-qwen2.5-coder-1.5b-partial.parquet
+#    (renamed to replies-qwen2.5-coder-1.5b.parquet once it covers every chunk).
 #    A file named ...-partial.parquet is a generation still under way: resume it with the same
 #    command plus --replies-in FILE (it generates only the chunks the file lacks).
 # 2. retrieval: every method and node-text ablation, and the paper's four sweeps, scored by
