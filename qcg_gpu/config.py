@@ -21,6 +21,8 @@ RUNTIME_OPTIONS = {
     "nodes": {"device", "embed_batch_size"},
     "graph": {"knn_backend"},
 }
+# How an index recorded before an option existed was built, where that differs from the option's default.
+BEFORE_OPTION = {"nodes": {"long_texts": "truncate"}}
 # The sections whose settings decide the LLM replies (the chunk texts, the prompt, the sampling).
 REPLY_SECTIONS = ("chunking", "generation")
 
@@ -166,7 +168,11 @@ class IndexConfig:
         for name in cls.SECTIONS:
             section = getattr(config, name)
             known = {f.name for f in dataclasses.fields(section)}
-            for key, value in settings.get(name, {}).items():
+            stored = settings.get(name)
+            for key, value in (stored or {}).items():
                 if key in known:
+                    setattr(section, key, value)
+            for key, value in BEFORE_OPTION.get(name, {}).items():
+                if stored is not None and key not in stored:  # recorded before the option existed
                     setattr(section, key, value)
         return config

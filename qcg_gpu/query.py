@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .config import IndexConfig
 from .embedding import Embedder
 from .errors import QCGError
 from .models import DEFAULT_EMBEDDER
@@ -47,7 +48,7 @@ def read_queries(query: str | None = None, path: str | Path | None = None) -> tu
 def index_embedder(index: QCGIndex, device: str | None = None) -> Embedder:
     """The embedder the index was built with, treating long texts as its build did."""
     name = index.manifest["models"]["embedder"]
-    long_texts = index.manifest["settings"]["nodes"].get("long_texts", "truncate")  # older indexes truncated
+    long_texts = IndexConfig.from_dict(index.manifest["settings"]).nodes.long_texts
     return Embedder(None if name == DEFAULT_EMBEDDER else name, device, long_texts=long_texts)
 
 

@@ -71,3 +71,13 @@ def test_the_end_of_a_long_text_counts(embedder, truncating):
 def test_bad_long_text_mode():
     with pytest.raises(QCGError, match="long_texts must be one of mean, truncate"):
         Embedder(device="cpu", long_texts="chop")
+
+
+def test_indexes_recorded_before_the_option_keep_truncating():
+    """An index built before --long-texts existed embedded long texts truncated: queries and --add on it
+    must do the same, while a stored generation (no nodes section) takes today's default."""
+    from qcg_gpu.config import IndexConfig
+
+    assert IndexConfig.from_dict({"nodes": {"alpha": 0.8}}).nodes.long_texts == "truncate"
+    assert IndexConfig.from_dict({"nodes": {"long_texts": "mean"}}).nodes.long_texts == "mean"
+    assert IndexConfig.from_dict({"generation": {"m": 10}}).nodes.long_texts == "mean"
