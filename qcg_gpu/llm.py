@@ -159,33 +159,45 @@ class VLLMBackend:
 
         At most ``window`` requests are in the engine at once, and each one that finishes is
         replaced at once: the engine never drains between batches, and a caller can store every
-        reply as it comes. If the engine fails, every request not yet finished comes back failed."""
+        reply as it comes. A request the engine refuses comes back failed on its own; if the engine
+        fails, every request not yet finished comes back failed."""
         params = self.sampling_params(sampling)
         engine, pending = self.llm.llm_engine, iter(range(len(conversations)))
         position: dict[str, int] = {}  # request id -> conversation
         output_tokens = 0
         bar = tqdm(total=len(conversations), desc="LLM replies", unit="chunk", disable=not progress)
 
-        def refill():
-            todo = [i for _, i in zip(range(window - len(position)), pending)]
-            if todo:
-                internal = self.llm.enqueue_chat([conversations[i] for i in todo], params, use_tqdm=False)
-                # vLLM returns its internal ids ("<id>-<8 random chars>"); outputs and aborts use the plain id
-                position.update(zip((rid.rsplit("-", 1)[0] for rid in internal), todo))
+        def enqueue(todo: list[int]) -> None:
+            internal = self.llm.enqueue_chat([conversations[i] for i in todo], params, use_tqdm=False)
+            # vLLM returns its internal ids ("<id>-<8 random chars>"); outputs and aborts use the plain id
+            position.update(zip((rid.rsplit("-", 1)[0] for rid in internal), todo))
+
+        def refill() -> list:
+            """Top the engine up to ``window``; (position, failed Completion) for each request it refuses."""
+            todo, refused = [i for _, i in zip(range(window - len(position)), pending)], []
+            try:
+                enqueue(todo)
+            except ValueError:  # a request the engine refuses (e.g. a prompt over max_model_len): fail only it
+                for i in todo:
+                    try:
+                        enqueue([i])
+                    except ValueError as exc:
+                        refused.append((i, Completion(error=f"vLLM refused the request: {exc}"[:500])))
+            return refused
 
         try:
-            refill()
-            while position:
-                finished = [(position.pop(out.request_id), _completion(out)) for out in engine.step() if out.finished]
+            finished = refill()
+            while position or finished:
+                finished += [(position.pop(out.request_id), _completion(out)) for out in engine.step() if out.finished]
                 if finished:
                     output_tokens += sum(c.output_tokens for _, c in finished)
                     bar.set_postfix_str(f"{output_tokens / max(bar.format_dict['elapsed'], 1e-9):.1f} output tok/s", refresh=False)
                     bar.update(len(finished))
-                    refill()
-                    yield finished
+                    done, finished = finished, refill()
+                    yield done
         except Exception as exc:  # the engine failed mid-run: report every request not finished, keep the run
             error = f"vLLM engine error: {exc.__class__.__name__}: {exc}"[:500]
-            yield [(i, Completion(error=error)) for i in [*position.values(), *pending]]
+            yield finished + [(i, Completion(error=error)) for i in [*position.values(), *pending]]
         finally:
             if position:  # the caller stopped early (or the engine failed): free the engine of what is left
                 try:

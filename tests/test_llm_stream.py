@@ -66,3 +66,14 @@ def test_compact_json_replies_carry_no_optional_whitespace(vllm_backend):
     [reply] = vllm_backend.chat([doc2query.build_conversation("Adam: The rent is due on the 5th.", 2)],
                                 doc2query.sampling_spec(config), progress=False)
     assert reply.text.startswith('{"pairs":[{"question":"') and "\n" not in reply.text and '": "' not in reply.text
+
+
+def test_a_request_the_engine_refuses_fails_alone(vllm_backend):
+    too_long = [{"role": "user", "content": "word " * (vllm_backend.llm.llm_engine.model_config.max_model_len + 100)}]
+    handed = {}
+    for finished in vllm_backend.chat_stream([*conversations(2), too_long, *conversations(1)], SAMPLING, window=2,
+                                             progress=False):
+        handed.update(finished)
+    assert sorted(handed) == [0, 1, 2, 3]
+    assert handed[2].error.startswith("vLLM refused the request")
+    assert [handed[i].error for i in (0, 1, 3)] == [None, None, None]
