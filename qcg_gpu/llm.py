@@ -123,6 +123,9 @@ class VLLMBackend:
             kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
         else:
             kwargs["distributed_executor_backend"] = "uni"
+        self.compact_json = config.compact_json
+        if config.compact_json:  # an engine setting in vLLM 0.32: the per-request flag is not read
+            kwargs["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
         try:
             with _llvmlite_hidden_from_vllm():
                 self.llm = vllm.LLM(**kwargs)
@@ -133,9 +136,10 @@ class VLLMBackend:
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
-        structured = None
-        if sampling.json_schema:
-            structured = StructuredOutputsParams(json=sampling.json_schema, disable_any_whitespace=sampling.compact_json)
+        if sampling.compact_json != self.compact_json:
+            raise QCGError(f"this vLLM engine was loaded with compact_json={self.compact_json}; the request asks for "
+                           f"{sampling.compact_json} (load the backend with the same setting)")
+        structured = StructuredOutputsParams(json=sampling.json_schema) if sampling.json_schema else None
         return SamplingParams(
             temperature=sampling.temperature,
             top_p=sampling.top_p,
@@ -177,11 +181,11 @@ class VLLMBackend:
             todo, refused = [i for _, i in zip(range(window - len(position)), pending)], []
             try:
                 enqueue(todo)
-            except ValueError:  # a request the engine refuses (e.g. a prompt over max_model_len): fail only it
+            except Exception:  # a request the engine refuses (e.g. a prompt over max_model_len): fail only it
                 for i in todo:
                     try:
                         enqueue([i])
-                    except ValueError as exc:
+                    except Exception as exc:
                         refused.append((i, Completion(error=f"vLLM refused the request: {exc}"[:500])))
             return refused
 

@@ -1,9 +1,17 @@
 """vLLM's engine streamed: replies handed over as they finish, a bounded window kept full (real SmolLM2)."""
 from __future__ import annotations
 
+import json
+
+import pyarrow.parquet as pq
 import pytest
 
+from qcg_gpu import doc2query
+from qcg_gpu.config import GenerationConfig
+from qcg_gpu.errors import QCGError
 from qcg_gpu.llm import SamplingSpec
+
+from .conftest import qcg, sample_docs
 
 pytestmark = pytest.mark.llm
 
@@ -58,14 +66,21 @@ def test_engine_failure_fails_every_unfinished_request(vllm_backend, monkeypatch
     assert not engine.has_unfinished_requests()
 
 
-def test_compact_json_replies_carry_no_optional_whitespace(vllm_backend):
-    from qcg_gpu import doc2query
-    from qcg_gpu.config import GenerationConfig
+def test_compact_json_replies_carry_no_optional_whitespace(tmp_path):
+    """vLLM 0.32 reads the whitespace rule from the engine, not the request, so the backend loads its
+    engine so (in a process of its own here: two engines in one process share vLLM's global state)."""
+    docs = sample_docs(tmp_path / "docs", 2)
+    result = qcg("index", docs, tmp_path / "index", "--m", "2", "--compact-json", "--cache", tmp_path / "cache.sqlite",
+                 "--replies-out", tmp_path / "replies.parquet", "--device", "cpu", "--quiet")
+    assert result.returncode == 0, result.stderr[-2000:]
+    texts = [json.loads(v)["text"] for v in pq.read_table(tmp_path / "replies.parquet").column("value").to_pylist()]
+    assert len(texts) == 2 and all(t.startswith('{"pairs":[{"question":"') and "\n" not in t for t in texts), texts
 
-    config = GenerationConfig(m=2, compact_json=True, max_tokens=120)
-    [reply] = vllm_backend.chat([doc2query.build_conversation("Adam: The rent is due on the 5th.", 2)],
-                                doc2query.sampling_spec(config), progress=False)
-    assert reply.text.startswith('{"pairs":[{"question":"') and "\n" not in reply.text and '": "' not in reply.text
+
+def test_an_engine_refuses_requests_for_the_other_json_layout(vllm_backend):
+    """A reply cached under compact_json=True must be compact: an engine loaded without it refuses such requests."""
+    with pytest.raises(QCGError, match="loaded with compact_json=False"):
+        vllm_backend.sampling_params(doc2query.sampling_spec(GenerationConfig(m=2, compact_json=True)))
 
 
 def test_a_request_the_engine_refuses_fails_alone(vllm_backend):
