@@ -60,7 +60,7 @@ class Embedder:
 def encode_whole(embedder, texts: list[str], encode_pieces) -> np.ndarray:
     """``texts`` embedded whole through ``encode_pieces`` (a list of model-sized texts -> their
     vectors): long texts over their windows where ``embedder.windows`` is set."""
-    if embedder.windows is None:
+    if embedder.windows is None or not texts:
         return encode_pieces(texts)
     split = embedder.windows.split(texts)
     embedder.windowed_texts += split.windowed

@@ -44,6 +44,10 @@ def test_long_texts_are_split_into_windows_that_fit_and_cover_the_text(embedder)
     assert text[position:].strip() == ""
 
 
+def test_no_texts_give_an_empty_array(embedder):
+    assert embedder.encode([]).shape == (0, embedder.dim)
+
+
 def test_short_texts_embed_as_before(embedder, truncating):
     texts = ["What house rule does Adam mention?", "LiHua: Hey! Just wanted to check in about moving in."]
     np.testing.assert_array_equal(embedder.encode(texts), truncating.encode(texts))
