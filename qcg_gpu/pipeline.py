@@ -47,6 +47,7 @@ class IndexSummary:
     cached_chunks: int = 0
     stored_chunks: Optional[int] = None  # chunks whose reply the --replies-in file held (None: no file given)
     notes: list = field(default_factory=list)  # warnings worth the user's eye
+    texts_over_windows: int = 0  # texts longer than the embedder's limit, embedded over windows
     generated_chunks: int = 0
     cache_corrupt: int = 0
     truncated_replies: int = 0
@@ -129,8 +130,10 @@ def build_index(
 
     with stage(summary, "load_embedder", progress):
         embedder = embedder or load_embedder(config.nodes, cluster)
+    windowed_before = embedder.windowed_texts  # a passed-in embedder may have counted other builds' texts
     with stage(summary, "embed", progress):
         chunk_emb, pair_emb, nodes, node_emb = embed_and_select(chunks, pairs, config, embedder, progress)
+    summary.texts_over_windows = embedder.windowed_texts - windowed_before
 
     with stage(summary, "knn", progress):
         build_graph = cluster.knn_graph if cluster else knn_graph
@@ -395,7 +398,7 @@ def _manifest(config: IndexConfig, summary: IndexSummary, llm_name: str | None, 
         "created_unix": time.time(),
         "settings": settings,
         "models": {"llm": llm_name, "embedder": embedder.model_name, "embedding_dim": embedder.dim,
-                   "embedder_max_tokens": embedder.max_tokens, "texts_embedded_over_windows": embedder.windowed_texts},
+                   "embedder_max_tokens": embedder.max_tokens, "texts_embedded_over_windows": summary.texts_over_windows},
         "counts": {
             "documents": summary.documents,
             "documents_skipped": len(summary.skipped),
