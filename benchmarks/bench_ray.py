@@ -74,7 +74,7 @@ def compare_builds(name: str, docs: Path, work: Path, options: list[str], worker
 
 
 def compare_retrieval(n: int, b: int, workers: int) -> dict:
-    from qcg_gpu.distributed import RayCluster, RayConfig, RayRetriever
+    from qcg_gpu.distributed import RayCluster, RayConfig
 
     index, config = synthetic_index(n), RetrievalConfig(backend="numpy")
     q = make_queries(index, b)
@@ -88,11 +88,11 @@ def compare_retrieval(n: int, b: int, workers: int) -> dict:
     start = time.perf_counter()
     cluster = RayCluster(RayConfig(ray=True, ray_workers=workers))
     connect = time.perf_counter() - start
-    on_ray = RayRetriever(cluster)
+    on_ray = Retriever(index, config, cluster)
     times = []
     for _ in range(2):  # the first call also ships the index and sets the workers up
         start = time.perf_counter()
-        got = on_ray.search(index, q, config)
+        got = on_ray.search(q)
         times.append(time.perf_counter() - start)
     same = all(np.array_equal(getattr(got, f), getattr(want, f)) for f in ("chunk_ids", "scores", "seed_ids"))
     return {"what": f"retrieval, N={n}, B={b}", "one_process_first_call_s": round(one_first, 2),

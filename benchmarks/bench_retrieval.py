@@ -18,7 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from qcg_gpu.retrieval import BF16_TILE, QCGIndex, RetrievalConfig, Retriever, _tile_rows, float32_gemm, seed_threshold
+from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever, seed_threshold
+from qcg_gpu.retrieval.numpy_backend import BF16_TILE, float32_gemm
+from qcg_gpu.retrieval.result import tile_rows
+from qcg_gpu.retrieval.search import use_prefilter
 
 DIM = 384
 
@@ -76,7 +79,7 @@ def gemm_seconds(index: QCGIndex, queries: np.ndarray, backend: str, prefilter: 
     """Time of the similarity GEMM alone, in the tiles and precision the backend uses."""
     n_nodes = len(index.node_embeddings)
     if backend == "numpy" and not prefilter:
-        rows, gemm = _tile_rows(n_nodes), float32_gemm(index.node_embeddings)
+        rows, gemm = tile_rows(n_nodes), float32_gemm(index.node_embeddings)
         buffer = np.zeros((min(rows, len(queries)), n_nodes), np.float32)
         buffer.fill(1.0)  # touch every page before timing: the backend reuses its buffer, page faults are not GEMM time
         start = time.perf_counter()
@@ -88,7 +91,7 @@ def gemm_seconds(index: QCGIndex, queries: np.ndarray, backend: str, prefilter: 
 
     dtype = torch.bfloat16 if prefilter else torch.float32
     nodes, q = torch.from_numpy(index.node_embeddings).to(device, dtype), torch.from_numpy(queries).to(device, dtype)
-    rows, cols = BF16_TILE if backend == "numpy" else (_tile_rows(n_nodes, 4096 if device.startswith("cuda") else 256, 1 << 28), n_nodes)
+    rows, cols = BF16_TILE if backend == "numpy" else (tile_rows(n_nodes, 4096 if device.startswith("cuda") else 256, 1 << 28), n_nodes)
     _sync(device)
     start = time.perf_counter()
     for s in range(0, len(q), rows):
@@ -178,7 +181,7 @@ def main() -> None:
             retriever = Retriever(index, RetrievalConfig(**options))
             check = retriever.search(looped)  # also warms up numba's JIT
             assert [[c for c in row if c >= 0] for row in check.chunk_ids.tolist()] == loop_result, "batched != loop"
-            bf16 = RetrievalConfig(**options).resolved_prefilter(args.device)
+            bf16 = use_prefilter(RetrievalConfig(**options), args.device)
             for b in args.batch:
                 queries = queries_all[:b]
                 timing = side_by_side(args.repeat, retriever, index, queries, looped, config, backend, bf16, args.device)
@@ -191,7 +194,7 @@ def main() -> None:
                     "gemm_gflops": round(2 * b * n_nodes * DIM / timing["gemm"] / 1e9, 1),
                     "machine_gflops": round(gflops, 1),
                     "mean_selected_nodes": round(float(timing["result"].n_selected.mean()), 1),
-                    "fallback_rows": retriever._impl.fallback_rows,
+                    "fallback_rows": retriever.backend.fallback_rows,
                 }
                 rows.append(row)
                 print(json.dumps(row), flush=True)

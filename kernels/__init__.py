@@ -1,7 +1,7 @@
 """Custom kernels for batched retrieval, installed as ``qcg_gpu.kernels``.
 
 Each kernel has a CPU twin or is itself the CPU path: the torch backend in
-``qcg_gpu/retrieval.py`` is the GPU path (and runs on CPU tensors for parity
+``qcg_gpu/retrieval/torch_backend.py`` is the GPU path (and runs on CPU tensors for parity
 tests), with the Triton kernel of ``gather_dot.py`` on CUDA; the numba kernels
 here are the CPU path.
 """

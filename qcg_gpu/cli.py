@@ -14,12 +14,11 @@ import typing
 from contextlib import nullcontext
 
 from .answer import AnswerConfig
-from .config import GenerationConfig, IndexConfig
+from .config import PRESETS, GenerationConfig, IndexConfig, RetrievalConfig
 from .datasets import DATASETS
 from .distributed import RayConfig
 from .errors import QCGError
 from .evaluate import EvalConfig
-from .retrieval import PRESETS, RetrievalConfig
 
 # the part of GenerationConfig that picks and runs an LLM (qcg answer reuses it)
 LLM_OPTIONS = ("backend", "model", "base_url", "api_key_env", "concurrency", "max_retries", "request_timeout",
@@ -59,7 +58,7 @@ def _fill(section, args: argparse.Namespace):
 
 
 def _add_query_arguments(parser) -> None:
-    from .baselines import METHODS
+    from .retrieval import METHODS
 
     parser.add_argument("index", help="index directory made by qcg index")
     source = parser.add_mutually_exclusive_group(required=True)
@@ -160,9 +159,8 @@ def _retrieval_config(args) -> RetrievalConfig:
 def run_query(args) -> int:
     import numpy as np
 
-    from . import baselines, query
-    from .distributed import RayRetriever
-    from .retrieval import QCGIndex, Retriever, check_queries
+    from . import query
+    from .retrieval import QCGIndex, check_queries, search
 
     config = _retrieval_config(args)
     if args.ray and args.command == "query" and args.method != "qcg":
@@ -179,10 +177,9 @@ def run_query(args) -> int:
         embedder = query.index_embedder(index, args.embed_device)
         vectors = embedder.encode(texts)
     vectors = check_queries(vectors, index.dim)
-    if args.method == "qcg":
-        result = RayRetriever(cluster).search(index, vectors, config) if cluster else Retriever(index, config).search(vectors)
-    else:
-        result = baselines.search(index, args.method, embedder or query.index_embedder(index, args.embed_device), vectors, config)
+    if args.method != "qcg" and embedder is None:  # the baselines embed chunk texts with the index's embedder
+        embedder = query.index_embedder(index, args.embed_device)
+    result = search(index, vectors, config, args.method, embedder, cluster if args.method == "qcg" else None)
     records = query.describe(index, ids, texts, result, config, vectors if args.trace and args.method == "qcg" else None)
     if args.command == "answer":
         records = _answer(args, llm, index, records, texts)
@@ -221,7 +218,6 @@ def _answer(args, llm, index, records, texts):
 
 def run_eval(args) -> int:
     from .datasets import load_dataset
-    from .distributed import RayRetriever
     from .evaluate import Harness, write_report
     from .query import index_embedder
     from .retrieval import QCGIndex
@@ -240,7 +236,6 @@ def run_eval(args) -> int:
     for label, other in compared.items():
         evalset.problems += [f"[{label}] {p}" for p in _evidence_outside(other, evalset)]
     cluster = _ray_cluster(args)
-    ray_retriever = RayRetriever(cluster) if cluster else None
     llm = judge_llm = None
     if config.answers:
         llm = _answering_llm(args, cluster)
@@ -250,7 +245,7 @@ def run_eval(args) -> int:
 
     def harness(ix):
         return Harness(ix, evalset, index_embedder(ix, args.embed_device), retrieval, answer_config, llm, judge_llm,
-                       progress=not args.quiet, ray_retriever=ray_retriever)
+                       progress=not args.quiet, cluster=cluster)
 
     evaluation = harness(index).run(config)
     for label, other in compared.items():  # the same methods on another index of the corpus; sweeps on the main one only

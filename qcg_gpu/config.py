@@ -1,4 +1,4 @@
-"""Settings of an index build: one dataclass per concern.
+"""Settings of an index build and of retrieval: one dataclass per concern.
 
 Each field's ``help`` is written once here and reused as CLI help
 (``qcg index --help``). Defaults follow ../shared/METHOD.md (the paper).
@@ -176,3 +176,36 @@ class IndexConfig:
                 if stored is not None and key not in stored:  # recorded before the option existed
                     setattr(section, key, value)
         return config
+
+
+PRESETS = {  # the paper's per-dataset retrieval settings (k, the kNN degree, is fixed when the index is built)
+    "lihuaworld": {"gamma": 1.5, "n": 10, "hops": 1, "top_k": 5},
+    "multihop-rag": {"gamma": 1.0, "n": 15, "hops": 1, "top_k": 5},
+}
+
+
+@dataclass
+class RetrievalConfig:
+    gamma: float = option(1.5, "Seed threshold on sim + 1 (in [0, 2]; paper: 1.5 LiHuaWorld, 1.0 MultiHop-RAG).")
+    n: int = option(10, "Most seed nodes per query (paper: 10 LiHuaWorld, 15 MultiHop-RAG).")
+    hops: int = option(1, "Expansion hops along kNN edges (0-3; paper: 1).")
+    top_k: int = option(5, "Chunks returned per query (K).")
+    backend: str = option(
+        "auto", "Retrieval backend: torch (CUDA when present), numpy (numba kernels), or auto.", ("auto", "torch", "numpy"),
+        flag="--retrieval-backend",
+    )
+    device: Optional[str] = option(None, "Torch device for the torch backend (default: cuda when present, else cpu).", flag="--retrieval-device")
+    prefilter: str = option(
+        "auto", "bf16 similarity GEMM as a prefilter with exact rescoring of the candidates (same seeds; several "
+        "times faster on GPUs and on CPUs with AMX); auto = where the hardware has fast bf16.",
+        ("auto", "bf16", "off"),
+    )
+
+    def validate(self) -> "RetrievalConfig":
+        if not 0.0 <= self.gamma <= 2.0:
+            raise QCGError(f"gamma must be in [0, 2], got {self.gamma}")
+        if self.n < 1 or self.top_k < 1:
+            raise QCGError(f"n and top_k must be >= 1, got n={self.n}, top_k={self.top_k}")
+        if not 0 <= self.hops <= 3:
+            raise QCGError(f"hops must be in 0..3, got {self.hops}")
+        return self

@@ -11,8 +11,8 @@ runs, with the same inputs and outputs:
   blocks of batches go to whichever worker is free.
 * kNN graph (:meth:`RayCluster.knn_graph`): row blocks searched and ranked exactly by
   tasks over the embeddings in Ray's shared-memory object store, then concatenated.
-* Retrieval (:class:`RayRetriever`): each worker holds the index (through the object
-  store, zero-copy), the queries are split in order and the results put back together.
+* Retrieval (``retrieval/ray_backend.py``): each worker holds the index (through the
+  object store, zero-copy), the queries are split in order and the results put back together.
 
 Given the same LLM replies (the generation cache), the index equals the single-process
 one byte for byte: the workers embed the very batches one process would
@@ -36,7 +36,7 @@ from .capabilities import require, with_cuda
 from .config import GenerationConfig, NodeConfig, option
 from .embedding import Windows, encode_whole, length_batches
 from .errors import QCGError
-from .knn import KnnGraph, _degree, _search_width, rank_candidates, search_candidates
+from .knn import KnnGraph, degree, rank_candidates, search_candidates, search_width
 from .llm import Completion, SamplingSpec, llm_name
 from .models import DEFAULT_EMBEDDER, resolve_model
 
@@ -81,12 +81,14 @@ class RayCluster:
         # A GPU each when the cluster has enough; else the CPU cores shared out.
         self.worker_resources = {"num_gpus": 1} if 0 < self.workers <= self.gpus else {"num_cpus": max(1, cpus // self.workers)}
         self._actors = []  # the stage holding the workers now (one stage at a time: each takes all of them)
+        self._actor_class = None
+        self._shared = {}  # id(obj) -> (obj, object ref): each object goes to the object store once
 
     def release(self) -> None:
         """End the actors of the last stage, so that the next one gets the workers' resources."""
         for actor in self._actors:
             self.ray.kill(actor)
-        self._actors = []
+        self._actors, self._actor_class = [], None
 
     def llm(self, config: GenerationConfig) -> "RayLLM":
         return RayLLM(config, self)
@@ -99,23 +101,32 @@ class RayCluster:
         """:func:`knn.knn_graph` with its row blocks searched and ranked by Ray tasks."""
         emb = np.ascontiguousarray(embeddings, dtype=np.float32)
         n = len(emb)
-        k_eff = _degree(k, n)
+        k_eff = degree(k, n)
         if k_eff == 0:
             return KnnGraph.from_rows(np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32))
         self.release()
         shared = self.ray.put(emb)
         blocks = [b for b in np.array_split(np.arange(n), self.workers * 4) if len(b)]
         task = self.ray.remote(**self.worker_resources)(_knn_rows)
-        futures = [task.remote(shared, int(b[0]), int(b[-1]) + 1, k_eff, _search_width(k_eff, n), backend, device) for b in blocks]
-        parts = _gather(self.ray, futures, progress, "kNN blocks")
+        futures = [task.remote(shared, int(b[0]), int(b[-1]) + 1, k_eff, search_width(k_eff, n), backend, device) for b in blocks]
+        parts = gather(self.ray, futures, progress, "kNN blocks")
         return KnnGraph.from_rows(np.concatenate([ids for ids, _ in parts]), np.concatenate([s for _, s in parts]))
 
-    def actors(self, cls, *args) -> list:
-        """One actor of ``cls`` per worker, each with its share of the cluster."""
+    def actors(self, cls, *args, reuse: bool = False) -> list:
+        """One actor of ``cls`` per worker, each with its share of the cluster; ``reuse`` keeps the
+        current ones when they are already of ``cls`` (they hold state worth keeping: loaded indexes)."""
+        if reuse and self._actor_class is cls and self._actors:
+            return self._actors
         self.release()
         actor = self.ray.remote(**self.worker_resources)(cls)
-        self._actors = [actor.remote(*args) for _ in range(self.workers)]
+        self._actors, self._actor_class = [actor.remote(*args) for _ in range(self.workers)], cls
         return self._actors
+
+    def share(self, obj):
+        """An object-store reference to ``obj``, put there once (and ``obj`` kept alive with it)."""
+        if id(obj) not in self._shared:
+            self._shared[id(obj)] = (obj, self.ray.put(obj))
+        return self._shared[id(obj)][1]
 
 
 def _knn_rows(emb: np.ndarray, start: int, stop: int, k: int, width: int, backend: str, device: str | None):
@@ -124,7 +135,7 @@ def _knn_rows(emb: np.ndarray, start: int, stop: int, k: int, width: int, backen
     return rank_candidates(emb, candidates, k, rows=rows)
 
 
-def _gather(ray, futures: list, progress: bool, desc: str) -> list:
+def gather(ray, futures: list, progress: bool, desc: str) -> list:
     """Results of ``futures`` in their order, with a progress bar as they finish."""
     with tqdm(total=len(futures), desc=desc, disable=not progress) as bar:
         pending = list(futures)
@@ -262,46 +273,3 @@ class RayEmbedder:
             for rows, batch in zip(block, vectors):
                 out[rows] = batch
         return out
-
-
-# ---- retrieval: queries split over workers holding the index ----
-
-class _RetrievalWorker:
-    def __init__(self):
-        self.retrievers = {}  # index key -> Retriever, so sweeps over one index load it once
-
-    def search(self, key: str, index_ref: list, config, queries: np.ndarray):
-        import ray
-
-        from .retrieval import Retriever
-
-        if key not in self.retrievers:  # the ref comes in a list so that Ray fetches the index only here
-            self.retrievers[key] = Retriever(ray.get(index_ref[0]), config)
-        return self.retrievers[key].search(queries, config)
-
-
-class RayRetriever:
-    """Batch retrieval with the queries split in order over Ray workers; the same
-    :class:`retrieval.RetrievalResult` as one :class:`retrieval.Retriever` gives."""
-
-    def __init__(self, cluster: RayCluster):
-        self.cluster = cluster
-        self._workers = []
-        self._shared = {}  # id(index) -> (index, object ref): each index goes to the object store once
-
-    def search(self, index, queries: np.ndarray, config, progress: bool = False):
-        from .retrieval import RetrievalResult, check_queries
-
-        config = config.validate()
-        if self._workers is not self.cluster._actors:  # first call, or another stage took the workers since
-            self._workers = self.cluster.actors(_RetrievalWorker)
-        q = check_queries(queries, index.dim)
-        if id(index) not in self._shared:
-            self._shared[id(index)] = (index, self.cluster.ray.put(index))
-        ref = self._shared[id(index)][1]
-        key = f"{id(index)}:{config.resolved_backend()}:{config.prefilter}:{config.device}"
-        shards = [s for s in np.array_split(np.arange(len(q)), len(self._workers)) if len(s)]
-        futures = [w.search.remote(key, [ref], config, q[s[0] : s[-1] + 1]) for w, s in zip(self._workers, shards)]
-        parts = _gather(self.cluster.ray, futures, progress, "retrieve")
-        return RetrievalResult(*(np.concatenate([getattr(p, f.name) for p in parts])
-                                 for f in dataclasses.fields(RetrievalResult)))

@@ -18,7 +18,6 @@ from typing import Optional
 import numpy as np
 from tqdm.auto import tqdm
 
-from . import baselines
 from .answer import AnswerConfig, answer_questions, build_context
 from .config import option
 from .datasets import NULL_TYPE, EvalSet
@@ -27,11 +26,11 @@ from .errors import QCGError
 from .llm import LLMBackend, SamplingSpec
 from .metrics import (all_evidence_hit, evidence_recall, exact_match, is_abstention, judge_conversation,
                       parse_verdict, reciprocal_rank, token_f1)
-from .retrieval import QCGIndex, RetrievalConfig, Retriever
+from .retrieval import BASELINES, QCGIndex, RetrievalConfig, search
 from .variants import derive_index
 
 ABLATIONS = ("qcg-qa", "qcg-q", "qcg-a", "qcg-sentence")  # QCG with other node texts (the paper's ablation)
-METHODS = ("naive", "d2q", "d2q-minus", "qcg") + ABLATIONS
+METHODS = BASELINES + ("qcg",) + ABLATIONS
 RETRIEVAL_METRICS = ("recall", "hit", "mrr")
 ANSWER_METRICS = ("judge", "em", "f1")
 SWEEPS = {  # name -> the points of the paper's figures
@@ -96,11 +95,11 @@ class Harness:
 
     def __init__(self, index: QCGIndex, evalset: EvalSet, embedder: Embedder, retrieval: RetrievalConfig,
                  answer: AnswerConfig | None = None, llm: LLMBackend | None = None, judge_llm: LLMBackend | None = None,
-                 progress: bool = True, ray_retriever=None):
+                 progress: bool = True, cluster=None):
         self.index, self.evalset, self.embedder = index, evalset, embedder
         self.retrieval, self.answer_config = retrieval.validate(), answer or AnswerConfig()
         self.llm, self.judge_llm, self.progress = llm, judge_llm or llm, progress
-        self.ray_retriever = ray_retriever  # a distributed.RayRetriever: QCG retrieval split over Ray workers
+        self.cluster = cluster  # a distributed.RayCluster: QCG retrieval split over its workers
         self.questions, self.types = evalset.questions, _type_order(evalset.questions)
         self.vectors = embedder.encode([q.question for q in self.questions], progress, "questions")
         self.doc_ids = index.chunks.column("doc_id").to_pylist()
@@ -117,13 +116,11 @@ class Harness:
 
     def retrieve(self, method: str, index: QCGIndex, retrieval: RetrievalConfig) -> np.ndarray:
         """(B, K) chunk ids of every question, -1 padded."""
-        if method in ("naive", "d2q", "d2q-minus"):
-            return baselines.search(index, method, self.embedder, self.vectors, retrieval).chunk_ids
+        if method in BASELINES:
+            return search(index, self.vectors, retrieval, method, self.embedder).chunk_ids
         if method in ABLATIONS:
             index = derive_index(index, nodes=method.removeprefix("qcg-"), embedder=self.embedder, progress=self.progress)
-        if self.ray_retriever is not None:
-            return self.ray_retriever.search(index, self.vectors, retrieval).chunk_ids
-        return Retriever(index, retrieval).search(self.vectors).chunk_ids
+        return search(index, self.vectors, retrieval, cluster=self.cluster).chunk_ids
 
     def score_retrieval(self, method: str, chunk_ids: np.ndarray, setting: dict | None = None) -> list[dict]:
         records = []

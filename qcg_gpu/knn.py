@@ -48,12 +48,12 @@ class KnnGraph:
         return cls(np.arange(n + 1, dtype=np.int64) * k, ids.reshape(-1), scores.reshape(-1))
 
 
-def _degree(k: int, n: int) -> int:
+def degree(k: int, n: int) -> int:
     """Edges per row: k, or every other node when there are fewer."""
     return min(k, n - 1) if n > 1 else 0
 
 
-def _search_width(k: int, n: int) -> int:
+def search_width(k: int, n: int) -> int:
     """Candidates searched per row: k + self + a margin for the float32 search's order errors."""
     return min(n, k + 1 + CANDIDATE_MARGIN)
 
@@ -62,10 +62,10 @@ def knn_graph(embeddings: np.ndarray, k: int, backend: str = "auto", device: str
     """Exact kNN graph of unit-length ``embeddings`` (N, d); each row gets min(k, N - 1) edges."""
     emb = np.ascontiguousarray(embeddings, dtype=np.float32)
     n = len(emb)
-    k_eff = _degree(k, n)
+    k_eff = degree(k, n)
     if k_eff == 0:
         return KnnGraph.from_rows(np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32))
-    candidates = search_candidates(emb, emb, _search_width(k_eff, n), backend, device, progress)
+    candidates = search_candidates(emb, emb, search_width(k_eff, n), backend, device, progress)
     return KnnGraph.from_rows(*rank_candidates(emb, candidates, k_eff, progress))
 
 
@@ -77,13 +77,13 @@ def add_nodes(graph: KnnGraph, old: np.ndarray, new: np.ndarray, k: int, backend
     its k nearest (one old x new product decides)."""
     emb = np.ascontiguousarray(np.concatenate([old, new]), dtype=np.float32)
     n_old, n = len(old), len(old) + len(new)
-    k_eff = _degree(k, n)
+    k_eff = degree(k, n)
     if len(new) == 0:
         return graph
     if graph.k != k_eff or n_old <= k_eff:  # old rows had fewer than k others: nothing to keep
         return knn_graph(emb, k, backend, device, progress)
     edges = graph.indices.reshape(n_old, k_eff)
-    width = _search_width(k_eff, len(new))
+    width = search_width(k_eff, len(new))
     new_of_old = search_candidates(emb[:n_old], emb[n_old:], width, backend, device, progress) + n_old
     # an old row changes when its best new candidate reaches its k-th edge (1e-5: float32 search error)
     best_new = pair_scores(emb, np.arange(n_old), new_of_old[:, 0])
@@ -98,7 +98,7 @@ def add_nodes(graph: KnnGraph, old: np.ndarray, new: np.ndarray, k: int, backend
             for row in changed[scores[changed, -1] <= weakest_new.astype(np.float32)]:
                 ids[row], scores[row] = _rank_row_fully(emb, row, k_eff)
     new_rows = np.arange(n_old, n)
-    candidates = search_candidates(emb[n_old:], emb, _search_width(k_eff, n), backend, device, progress)
+    candidates = search_candidates(emb[n_old:], emb, search_width(k_eff, n), backend, device, progress)
     ids[n_old:], scores[n_old:] = rank_candidates(emb, candidates, k_eff, progress, rows=new_rows)
     return KnnGraph.from_rows(ids, scores)
 
@@ -109,7 +109,7 @@ def remove_nodes(graph: KnnGraph, emb: np.ndarray, keep: np.ndarray, k: int, bac
     only rows that lost an out-neighbour are searched again."""
     kept = np.ascontiguousarray(emb[keep], dtype=np.float32)
     n = len(kept)
-    k_eff = _degree(k, n)
+    k_eff = degree(k, n)
     if graph.k != k_eff:
         return knn_graph(kept, k, backend, device, progress)
     new_id = np.full(len(emb), -1, np.int64)
@@ -118,7 +118,7 @@ def remove_nodes(graph: KnnGraph, emb: np.ndarray, keep: np.ndarray, k: int, bac
     scores = graph.scores.reshape(len(emb), -1)[keep].copy()
     lost = np.flatnonzero((ids < 0).any(axis=1))
     if len(lost):
-        candidates = search_candidates(kept[lost], kept, _search_width(k_eff, n), backend, device, progress)
+        candidates = search_candidates(kept[lost], kept, search_width(k_eff, n), backend, device, progress)
         ids[lost], scores[lost] = rank_candidates(kept, candidates, k_eff, progress, rows=lost)
     return KnnGraph.from_rows(ids, scores)
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from qcg_gpu import build_index
-from qcg_gpu.distributed import RayCluster, RayConfig, RayRetriever
+from qcg_gpu.distributed import RayCluster, RayConfig
 from qcg_gpu.errors import QCGError
 from qcg_gpu.forecast import measured_runs, throughput_log
 from qcg_gpu.incremental import add_documents
@@ -95,10 +95,9 @@ def test_generation_failure_on_a_worker_is_reported_and_writes_nothing(tmp_path,
 def test_ray_retrieval_equals_one_process(cluster, options):
     index = random_index(5, 3000, 32, 3, 200)
     queries = queries_for(index, 6, 37)  # an odd batch: unequal shards
-    retriever = RayRetriever(cluster)
     for hops in (0, 2):
         config = RetrievalConfig(gamma=1.5, n=10, hops=hops, top_k=5, **options)
-        got, want = retriever.search(index, queries, config), Retriever(index, config).search(queries)
+        got, want = Retriever(index, config, cluster).search(queries), Retriever(index, config).search(queries)
         for field in ("chunk_ids", "scores", "seed_ids", "seed_sims", "n_selected"):
             np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=field)
 
@@ -152,8 +151,8 @@ def test_eval_with_ray_retrieval_equals_one_process(small_index, embedder, clust
     index, evalset = QCGIndex.load(small_index), load_dataset("jsonl", questions)
     # an ablation (a derived in-memory index) and a sweep over derived kNN graphs go through the workers too
     config = EvalConfig(methods="qcg,qcg-q", sweeps="knn,seeds", answers=False)
-    runs = [Harness(index, evalset, embedder, RetrievalConfig(gamma=1.0), progress=False, ray_retriever=retriever).run(config)
-            for retriever in (RayRetriever(cluster), None)]
+    runs = [Harness(index, evalset, embedder, RetrievalConfig(gamma=1.0), progress=False, cluster=on).run(config)
+            for on in (cluster, None)]
     same = [json.dumps([run.records, run.sweeps]) for run in runs]  # as JSON: NaN (no evidence) equals NaN there
     assert same[0] == same[1]
     assert {r["method"] for r in runs[0].records} == {"qcg", "qcg-q"} and len(runs[0].sweeps["knn"]) > 1

@@ -139,7 +139,7 @@ def test_bf16_prefilter_falls_back_on_rows_of_near_ties(backend):
     config = RetrievalConfig(gamma=1.5, n=12, hops=1, top_k=5, **backend)
     retriever = Retriever(index, config)
     result = retriever.search(queries)
-    assert retriever._impl.fallback_rows == 1
+    assert retriever.backend.fallback_rows == 1
     assert result.seed_ids[0].tolist() == list(range(12))
     exact = Retriever(index, RetrievalConfig(**{**vars(config), "prefilter": "off"})).search(queries)
     for field in ("seed_ids", "chunk_ids", "scores", "n_selected"):
@@ -150,7 +150,7 @@ def test_bf16_prefilter_falls_back_on_rows_of_near_ties(backend):
 def test_bf16_error_bound_holds_for_the_real_gemm():
     import torch
 
-    from qcg_gpu.retrieval import _Bf16Prefilter
+    from qcg_gpu.retrieval.numpy_backend import Bf16Prefilter
 
     rng = np.random.default_rng(11)
     for dim in (16, 384):
@@ -158,7 +158,7 @@ def test_bf16_error_bound_holds_for_the_real_gemm():
         x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
         q = x[:300] + 0.3 * rng.standard_normal((300, dim)).astype(np.float32)
         q = (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
-        prefilter = _Bf16Prefilter(QCGIndex(None, {}, x, np.zeros(len(x) + 1, np.int64), np.zeros(0, np.int64), np.zeros(len(x), np.int64), 1))
+        prefilter = Bf16Prefilter(QCGIndex(None, {}, x, np.zeros(len(x) + 1, np.int64), np.zeros(0, np.int64), np.zeros(len(x), np.int64), 1))
         q_bf16 = torch.from_numpy(q).bfloat16()
         approx = torch.mm(q_bf16, prefilter.nodes_bf16.T).double().numpy()
         error = np.abs(q.astype(np.float64) @ x.T.astype(np.float64) - approx)

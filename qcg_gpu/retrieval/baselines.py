@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from .embedding import Embedder
-from .errors import QCGError
-from .retrieval import QCGIndex, RetrievalConfig, RetrievalResult, _empty_result, _tile_rows
-
-METHODS = ("qcg", "naive", "d2q", "d2q-minus")
+from ..config import RetrievalConfig
+from ..embedding import Embedder
+from ..errors import QCGError
+from .index import QCGIndex
+from .result import RetrievalResult, tile_rows
 
 
 def chunk_embeddings(index: QCGIndex, method: str, embedder: Embedder) -> np.ndarray:
     if method == "naive":
         return np.asarray(index.array("chunk_embeddings"), dtype=np.float32)
     if method not in ("d2q", "d2q-minus"):
-        raise QCGError(f"unknown baseline {method!r} (choose from {', '.join(METHODS)})")
+        raise QCGError(f"unknown baseline {method!r} (choose from naive, d2q, d2q-minus)")
     pairs = index.table("pairs").to_pydict()
     if not pairs["chunk_id"]:
         raise QCGError(f"{method} needs generated pairs; this index has none (built with --nodes sentence?)")
@@ -30,12 +30,12 @@ def chunk_embeddings(index: QCGIndex, method: str, embedder: Embedder) -> np.nda
 
 def top_k_chunks(chunk_emb: np.ndarray, queries: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
     """(B, K) chunk ids and cosines, best first, ties by lower id; -1 / -inf padded."""
-    from .kernels.seeds_cpu import top_n_above  # numba: imported when used
+    from ..kernels.seeds_cpu import top_n_above  # numba: imported when used
 
     ids = np.full((len(queries), top_k), -1, np.int64)
     scores = np.full((len(queries), top_k), -np.inf, np.float32)
     k = min(top_k, len(chunk_emb))
-    rows = _tile_rows(len(chunk_emb))
+    rows = tile_rows(len(chunk_emb))
     for start in range(0, len(queries), rows):
         sims = queries[start : start + rows] @ chunk_emb.T
         tile_ids, tile_scores = top_n_above(sims, np.float32(-np.inf), k)
@@ -43,8 +43,9 @@ def top_k_chunks(chunk_emb: np.ndarray, queries: np.ndarray, top_k: int) -> tupl
     return ids, scores
 
 
-def search(index: QCGIndex, method: str, embedder: Embedder, queries: np.ndarray, config: RetrievalConfig) -> RetrievalResult:
+def baseline_search(index: QCGIndex, method: str, embedder: Embedder, queries: np.ndarray,
+                    config: RetrievalConfig) -> RetrievalResult:
     """A baseline's top-K chunks, as a RetrievalResult (no seeds: these methods have no graph)."""
-    result = _empty_result(len(queries), config)
+    result = RetrievalResult.empty(len(queries), config)
     result.chunk_ids, result.scores = top_k_chunks(chunk_embeddings(index, method, embedder), queries, config.top_k)
     return result

@@ -1,0 +1,77 @@
+"""The arrays retrieval needs, loaded from an index directory."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from ..errors import QCGError
+from ..index_format import csr_problems, data_dir, load_array, load_table, read_manifest
+
+
+@dataclass
+class QCGIndex:
+    """The arrays retrieval needs, loaded from an index directory (embeddings memory-mapped)."""
+
+    path: Path
+    manifest: dict
+    node_embeddings: np.ndarray  # (N, d) float32, unit rows
+    knn_indptr: np.ndarray
+    knn_indices: np.ndarray
+    node_chunk: np.ndarray  # (N,) int64
+    n_chunks: int
+
+    verified: bool = False  # files were checked against the manifest's checksums (lazy reads are too)
+    data: Optional[Path] = None  # the version directory loaded: later reads stay on it while a rebuild publishes another
+
+    @classmethod
+    def load(cls, path: str | Path, verify: bool = True) -> "QCGIndex":
+        """Load an index; ``verify`` checks each file read against its sha256 in the manifest
+        (a few seconds per GB) so a corrupt index is refused instead of answering wrongly."""
+        path = Path(path)
+        manifest = read_manifest(path)
+        data = data_dir(path, manifest)
+        checked = manifest if verify else None
+        emb = load_array(data, "node_embeddings", manifest=checked)
+        if emb.dtype != np.float32:
+            emb = emb.astype(np.float32)
+        node_chunk = load_table(data, "nodes", checked).column("chunk_id").to_numpy().astype(np.int64)
+        indptr = load_array(data, "knn_indptr", mmap=False, manifest=checked)
+        indices = load_array(data, "knn_indices", mmap=False, manifest=checked)
+        n, n_chunks = len(emb), int(manifest["counts"]["chunks"])
+        # cheap structural checks always: the numba kernels index with these arrays unchecked
+        problems = [] if emb.ndim == 2 else [f"node_embeddings has shape {emb.shape}"]
+        problems += [f"{len(node_chunk)} nodes for {n} node embeddings"] if len(node_chunk) != n else []
+        problems += csr_problems(indptr, indices, n) if not problems else []
+        if len(node_chunk) and not problems and (node_chunk.min() < 0 or node_chunk.max() >= n_chunks):
+            problems.append(f"nodes.parquet names chunks outside [0, {n_chunks})")
+        if problems:
+            raise QCGError(f"index {path} is inconsistent: {'; '.join(problems)}; run: qcg check {path}")
+        return cls(path, manifest, emb, indptr, indices, node_chunk, n_chunks, verified=verify, data=data)
+
+    @property
+    def dim(self) -> int:
+        return self.node_embeddings.shape[1]
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.node_embeddings)
+
+    @functools.cached_property
+    def chunks(self):
+        """chunks.parquet as a pyarrow Table, read on first use."""
+        return self.table("chunks")
+
+    def table(self, name: str):
+        """Another table of the index (pairs, chunks), checksum-verified like the index was."""
+        return load_table(self.data or self.path, name, self.manifest if self.verified else None)
+
+    def array(self, name: str) -> np.ndarray:
+        """Another array of the index (chunk or pair embeddings), checksum-verified like the index was."""
+        return load_array(self.data or self.path, name, manifest=self.manifest if self.verified else None)
+
+    def chunk_texts(self) -> list[str]:
+        return self.chunks.column("text").to_pylist()

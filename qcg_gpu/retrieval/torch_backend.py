@@ -1,0 +1,172 @@
+"""Retrieval as dense tensor operations: a similarity GEMM per query tile, topk for the seeds,
+gathers over the fixed-degree kNN table for the expansion, sort-based segment means for the
+chunks. CUDA when present, CPU tensors otherwise (the parity tests run it on both). On GPUs with
+bf16 tensor cores the GEMM runs in bf16 as a prefilter (``bf16.py``) with exact rescoring."""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from ..capabilities import require
+from ..config import RetrievalConfig
+from ..errors import QCGError
+from .bf16 import bf16_error_bound, bf16_rounding
+from .index import QCGIndex
+from .result import SIMILARITY_TILE_ELEMENTS, RetrievalResult, seed_threshold, tile_rows
+
+TOPK_MARGIN = 8
+PREFILTER_TOPK_MARGIN = 64  # bf16 approximations beyond the n best that the torch prefilter rescores
+
+
+class TorchBackend:
+    def __init__(self, index: QCGIndex, device: str, prefilter: bool = False):
+        from ..kernels.gather_dot import gather_dot
+
+        self.torch = torch = require("torch")
+        self._gather_dot = gather_dot
+        self.index, self.device = index, torch.device(device)
+        n = len(index.node_embeddings)
+        self.nodes = torch.from_numpy(np.ascontiguousarray(index.node_embeddings)).to(self.device)
+        degree = np.diff(index.knn_indptr)
+        if n and not (degree == degree[0]).all():
+            raise QCGError("the torch backend needs a kNN graph with the same degree on every row")
+        self.k = int(degree[0]) if n else 0
+        self.neighbors = torch.from_numpy(np.asarray(index.knn_indices, dtype=np.int64)).to(self.device).view(n, self.k)
+        # one extra row so that padding (-1 -> n) gathers harmlessly: no neighbours, chunk "n_chunks"
+        self.neighbors = torch.cat([self.neighbors, torch.full((1, self.k), n, device=self.device, dtype=torch.int64)])
+        self.nodes_padded = torch.cat([self.nodes, torch.zeros((1, index.dim), device=self.device)])
+        self.node_chunk = torch.from_numpy(np.r_[index.node_chunk, index.n_chunks]).to(self.device)
+        self.nodes_bf16 = self.nodes.bfloat16() if prefilter and n else None
+        if self.nodes_bf16 is not None:
+            self.node_norm, self.node_residual = bf16_rounding(index.node_embeddings, self.nodes_bf16)
+        self.fallback_rows = 0  # queries whose candidates did not fit the prefilter's top-k (float32 path instead)
+
+    def search(self, q: np.ndarray, config: RetrievalConfig) -> RetrievalResult:
+        torch, index, out = self.torch, self.index, RetrievalResult.empty(len(q), config)
+        n_nodes = len(index.node_embeddings)
+        if n_nodes == 0:
+            return out
+        threshold = float(seed_threshold(config.gamma))
+        on_gpu = self.device.type == "cuda"  # big GPUs take 1 GiB tiles of 4096 queries
+        rows = tile_rows(n_nodes, 4096 if on_gpu else 256, SIMILARITY_TILE_ELEMENTS * (4 if on_gpu else 1))
+        with torch.inference_mode():
+            for start in range(0, len(q), rows):
+                tile = torch.from_numpy(q[start : start + rows]).to(self.device)
+                part = slice(start, start + len(tile))
+                n = min(config.n, n_nodes)
+                if self.nodes_bf16 is not None:
+                    seed_ids, seed_sims = self._seeds_bf16(tile, threshold, n)
+                else:
+                    seed_ids, seed_sims = self._seeds(tile @ self.nodes.T, threshold, n)
+                out.seed_ids[part, : seed_ids.shape[1]] = seed_ids.cpu().numpy()
+                out.seed_sims[part, : seed_ids.shape[1]] = seed_sims.cpu().numpy()
+                selected = self._expand(seed_ids, config.hops)
+                chunks, scores = self._rank_chunks(tile, selected, config.top_k)
+                out.chunk_ids[part], out.scores[part] = chunks.cpu().numpy(), scores.cpu().numpy()
+                out.n_selected[part] = (selected < n_nodes).sum(1).cpu().numpy()
+        return out
+
+    def _seeds(self, sims, threshold: float, n: int):
+        """Best n with sim >= threshold, ties by lower id; -1 padded."""
+        torch = self.torch
+        width = min(sims.shape[1], n + TOPK_MARGIN)
+        vals, ids = sims.topk(width, dim=1)
+        ids, vals = sort_best_first(ids, vals)  # topk does not promise an order among ties
+        # a tie between the n-th and the last candidate may continue past the candidates: sort the row fully
+        unsure = (vals[:, n - 1] >= threshold) & (vals[:, n - 1] == vals[:, -1]) & (width < sims.shape[1])
+        for r in torch.nonzero(unsure).flatten().tolist():
+            order = (-sims[r]).argsort(stable=True)[:width]
+            ids[r], vals[r] = order, sims[r, order]
+        ids, vals = ids[:, :n], vals[:, :n]
+        keep = vals >= threshold
+        return torch.where(keep, ids, -1), torch.where(keep, vals, torch.full_like(vals, -float("inf")))
+
+    def _seeds_bf16(self, tile, threshold: float, n: int):
+        """Exact seeds from a bf16 GEMM: the top n + margin approximations hold every node that can
+        be a seed when the last of them is below max(t, a_n - eps) - eps (see kernels/prefilter_cpu.py);
+        those are rescored in float32, other rows take the float32 path."""
+        torch = self.torch
+        tile_bf16 = tile.bfloat16()
+        with float32_accumulation(torch):
+            approx = tile_bf16 @ self.nodes_bf16.T
+        eps = bf16_error_bound(tile.double(), tile_bf16.double(), self.node_norm, self.node_residual).float()
+        width = min(approx.shape[1], n + PREFILTER_TOPK_MARGIN)
+        vals, ids = approx.topk(width, dim=1)
+        vals = vals.float()
+        floor = torch.maximum(threshold - eps, vals[:, n - 1] - 2 * eps)
+        complete = (vals[:, -1] < floor) | (width == approx.shape[1])
+        sims = self._gather_dot(self.nodes, tile, ids)
+        sims = torch.where((vals >= floor[:, None]) & (sims >= threshold), sims, -float("inf"))
+        ids, sims = sort_best_first(ids, sims)
+        ids, sims = ids[:, :n], sims[:, :n]
+        ids = torch.where(torch.isfinite(sims), ids, -1)
+        if not complete.all():
+            rows = torch.nonzero(~complete).flatten()
+            self.fallback_rows += len(rows)
+            ids[rows], sims[rows] = self._seeds(tile[rows] @ self.nodes.T, threshold, n)
+        return ids, sims
+
+    def _expand(self, seed_ids, hops: int):
+        """Q* per row as node ids (sorted, unique), padding = N."""
+        torch, n_nodes = self.torch, len(self.index.node_embeddings)
+        frontier = torch.where(seed_ids >= 0, seed_ids, n_nodes)
+        reached = [frontier]
+        for _ in range(hops):
+            frontier = self.neighbors[frontier].flatten(1)  # padding rows point to padding
+            frontier = unique_rows(torch, frontier, n_nodes)
+            reached.append(frontier)
+        return unique_rows(torch, torch.cat(reached, dim=1), n_nodes)
+
+    def _rank_chunks(self, tile, selected, top_k: int):
+        """Mean similarity per chunk over Q*, then the K best chunks (ties by lower chunk id)."""
+        torch, n_chunks = self.torch, self.index.n_chunks
+        sims = self._gather_dot(self.nodes_padded, tile, selected)  # only the Q* entries (Triton on CUDA)
+        chunks = self.node_chunk[selected]
+        chunks, order = chunks.sort(dim=1, stable=True)
+        sims = sims.gather(1, order)
+        starts = torch.ones_like(chunks, dtype=torch.bool)
+        starts[:, 1:] = chunks[:, 1:] != chunks[:, :-1]
+        segment = starts.cumsum(dim=1) - 1  # segment number of each entry within its row
+        sums = torch.zeros(sims.shape, dtype=torch.float64, device=sims.device).scatter_add_(1, segment, sims.double())
+        counts = torch.zeros_like(sums).scatter_add_(1, segment, torch.ones_like(sums))
+        seg_chunk = torch.full_like(chunks, n_chunks).scatter_(1, segment, chunks)
+        means = torch.where((counts > 0) & (seg_chunk < n_chunks), sums / counts.clamp(min=1), -float("inf")).float()
+        order = means.argsort(dim=1, descending=True, stable=True)[:, :top_k]  # segments ascend by chunk id
+        scores, best = means.gather(1, order), seg_chunk.gather(1, order)
+        if best.shape[1] < top_k:
+            pad = top_k - best.shape[1]
+            best = torch.cat([best, torch.full((len(best), pad), n_chunks, device=best.device)], 1)
+            scores = torch.cat([scores, torch.full((len(best), pad), -float("inf"), device=best.device)], 1)
+        return torch.where(torch.isfinite(scores), best, -1), scores
+
+
+@contextlib.contextmanager
+def float32_accumulation(torch):
+    """cuBLAS may reduce bf16 GEMMs in bf16 by default; the prefilter's error bound assumes float32 sums."""
+    matmul = torch.backends.cuda.matmul
+    saved = matmul.allow_bf16_reduced_precision_reduction
+    matmul.allow_bf16_reduced_precision_reduction = False
+    try:
+        yield
+    finally:
+        matmul.allow_bf16_reduced_precision_reduction = saved
+
+
+def sort_best_first(ids, vals):
+    """Each row's (id, value) entries ordered by value desc, then id asc (tensors)."""
+    by_id = ids.argsort(dim=1)
+    ids, vals = ids.gather(1, by_id), vals.gather(1, by_id)
+    order = vals.argsort(dim=1, descending=True, stable=True)
+    return ids.gather(1, order), vals.gather(1, order)
+
+
+def unique_rows(torch, ids, pad: int):
+    """Sort each row and replace repeats by ``pad`` (which sorts last)."""
+    ids, _ = ids.sort(dim=1)
+    repeat = torch.zeros_like(ids, dtype=torch.bool)
+    repeat[:, 1:] = ids[:, 1:] == ids[:, :-1]
+    ids = torch.where(repeat, pad, ids)
+    ids, _ = ids.sort(dim=1)
+    width = int((ids < pad).sum(1).max().item()) if ids.numel() else 0
+    return ids[:, : max(width, 1)]
