@@ -67,7 +67,7 @@ def main() -> None:
     bare_generate(backend, conversations[:4], config)  # warm-up: grammar compilation, first batches
 
     bare_s, bare_tokens = bare_generate(backend, conversations, config)
-    summary = build_index(docs, work / "index", config, llm=backend, embedder=embedder, progress=False)
+    summary = build_index(docs, work / "index", config, llm=backend, embedder=embedder)
     bare2_s, bare2_tokens = bare_generate(backend, conversations, config)
 
     bare_rate = (bare_tokens + bare2_tokens) / (bare_s + bare2_s)

@@ -2,10 +2,8 @@
 the context capped at ``max_context_tokens``; all questions in one batched call."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .chunking import load_tokenizer
-from .config import option
+from .config import AnswerConfig
 from .llm import Completion, LLMBackend, SamplingSpec
 
 ABSTAIN = "Insufficient information"
@@ -15,13 +13,6 @@ ANSWER_SYSTEM_PROMPT = (
     "question. Answer briefly and directly. If the excerpts do not contain the answer, reply exactly: "
     f"{ABSTAIN}."
 )
-
-
-@dataclass
-class AnswerConfig:
-    max_context_tokens: int = option(6000, "Context cap in tokens (cl100k_base) for the retrieved chunks (paper: 6000).")
-    max_answer_tokens: int = option(256, "Longest answer, in LLM tokens.")
-    answer_temperature: float = option(0.0, "Sampling temperature of the answering LLM (0 = greedy).")
 
 
 def build_context(chunk_texts: list[str], max_tokens: int, tokenizer_name: str = "cl100k_base") -> str:
@@ -46,7 +37,14 @@ def build_answer_conversation(question: str, context: str) -> list[dict]:
     ]
 
 
-def answer_questions(llm: LLMBackend, questions: list[str], contexts: list[str], config: AnswerConfig, progress: bool = True) -> list[Completion]:
+def answer_questions(llm: LLMBackend, questions: list[str], contexts: list[str], config: AnswerConfig) -> list[Completion]:
     sampling = SamplingSpec(temperature=config.answer_temperature, top_p=1.0, max_tokens=config.max_answer_tokens, seed=0)
     conversations = [build_answer_conversation(q, c) for q, c in zip(questions, contexts)]
-    return llm.chat(conversations, sampling, progress)
+    return llm.chat(conversations, sampling)
+
+
+def answer_from_chunks(llm: LLMBackend, questions: list[str], chunk_ids: list[list[int]], chunk_texts: list[str],
+                       config: AnswerConfig) -> list[Completion]:
+    """Each question answered from the texts of its ranked chunks (``chunk_ids``, best first)."""
+    contexts = [build_context([chunk_texts[c] for c in ranked], config.max_context_tokens) for ranked in chunk_ids]
+    return answer_questions(llm, questions, contexts, config)

@@ -10,6 +10,7 @@ import sqlite3
 from pathlib import Path
 
 from .errors import QCGError
+from .models import cache_dir
 
 # Parquet schema metadata of a stored generation: the settings its keys were made with (JSON).
 SETTINGS_KEY = b"qcg.generation"
@@ -109,3 +110,8 @@ def stored_settings(path: str | Path) -> dict | None:
     except (OSError, ValueError) as exc:
         raise QCGError(f"cannot read stored replies {path}: {exc}") from exc
     return json.loads(metadata[SETTINGS_KEY]) if SETTINGS_KEY in metadata else None
+
+
+def generation_cache(gen) -> Path:
+    """The SQLite file of ``gen.cache``, or the user cache's default."""
+    return Path(gen.cache) if gen.cache else cache_dir() / "doc2query-cache.sqlite"

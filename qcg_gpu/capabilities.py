@@ -10,6 +10,8 @@ import functools
 import importlib
 import importlib.util
 
+from .errors import QCGError
+
 
 def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
@@ -31,8 +33,8 @@ _INSTALL_HINTS = {
 }
 
 
-class MissingDependency(ImportError):
-    pass
+class MissingDependency(QCGError, ImportError):
+    """An optional dependency this step needs is not installed (the message says how to install it)."""
 
 
 def require(module: str):

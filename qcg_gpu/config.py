@@ -1,7 +1,12 @@
-"""Settings of an index build and of retrieval: one dataclass per concern.
+"""Every setting of qcg-gpu, one dataclass per concern: the index build (chunking, generation,
+nodes, graph), retrieval, answering, evaluation and the Ray cluster.
 
-Each field's ``help`` is written once here and reused as CLI help
-(``qcg index --help``). Defaults follow ../shared/METHOD.md (the paper).
+Each field's ``help`` is written once here and reused as CLI help (``qcg index --help``).
+Each field also says whether it changes results: ``runtime=True`` marks the ones that only say
+how to run (which server or device, the cache file, batch sizes). That one mark decides what a
+stored generation records about itself, what ``--add`` must match, and what the generation
+cache key may ignore (a test checks the key against it). Defaults follow ../shared/METHOD.md
+(the paper). Every ``validate()`` raises QCGError on a bad value and returns the config.
 """
 from __future__ import annotations
 
@@ -14,22 +19,21 @@ from .errors import QCGError
 
 NODE_MODES = ("qa", "q", "a", "sentence")
 
-# Options that only say how to run (which server, device, cache), not what the index holds.
-RUNTIME_OPTIONS = {
-    "generation": {"backend", "base_url", "api_key_env", "concurrency", "max_retries", "request_timeout", "batch_chunks",
-                   "cache", "replies_in", "replies_out", "gpu_memory_utilization", "enforce_eager", "max_model_len"},
-    "nodes": {"device", "embed_batch_size"},
-    "graph": {"knn_backend"},
-}
 # How an index recorded before an option existed was built, where that differs from the option's default.
 BEFORE_OPTION = {"nodes": {"long_texts": "truncate"}}
 # The sections whose settings decide the LLM replies (the chunk texts, the prompt, the sampling).
 REPLY_SECTIONS = ("chunking", "generation")
 
 
-def option(default, help: str, choices=None, flag: str | None = None):
-    """A dataclass field whose help text is also its CLI help (``flag``: a CLI name other than --field-name)."""
-    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag})
+def option(default, help: str, choices=None, flag: str | None = None, runtime: bool = False):
+    """A dataclass field whose help text is also its CLI help (``flag``: a CLI name other than
+    --field-name); ``runtime``: it says how to run, never what the results are."""
+    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag, "runtime": runtime})
+
+
+def result_fields(section) -> list[str]:
+    """The fields of a config dataclass (or instance) that change results."""
+    return [f.name for f in dataclasses.fields(section) if not f.metadata.get("runtime")]
 
 
 @dataclass
@@ -41,16 +45,19 @@ class ChunkingConfig:
         "Tokenizer that counts chunk tokens: 'cl100k_base' (tiktoken, bundled offline) or a HF tokenizer name/directory.",
     )
 
-    def validate(self) -> None:
+    def validate(self) -> "ChunkingConfig":
         if self.chunk_tokens < 1:
             raise QCGError(f"chunk_tokens must be >= 1, got {self.chunk_tokens}")
         if not 0 <= self.chunk_overlap < self.chunk_tokens:
             raise QCGError(f"chunk_overlap must be in [0, chunk_tokens), got {self.chunk_overlap}")
+        return self
 
 
 @dataclass
 class GenerationConfig:
-    backend: str = option("vllm", "LLM backend for Doc2Query: in-process vLLM or an OpenAI-compatible server.", ("vllm", "openai"))
+    backend: str = option(
+        "vllm", "LLM backend for Doc2Query: in-process vLLM or an OpenAI-compatible server.", ("vllm", "openai"), runtime=True
+    )
     model: Optional[str] = option(
         None,
         "Doc2Query LLM: HF model directory or name (default: bundled SmolLM2-135M-Instruct; with --backend openai, the served model name).",
@@ -71,32 +78,39 @@ class GenerationConfig:
     max_question_chars: int = option(200, "Longest question the JSON schema allows (bounds output tokens).")
     max_answer_chars: int = option(150, "Longest answer the JSON schema allows.")
     max_tokens: Optional[int] = option(None, "Output token cap per chunk (default: enough for M pairs at the length caps).")
-    max_model_len: Optional[int] = option(None, "vLLM context length (default: the model's).")
-    gpu_memory_utilization: float = option(0.9, "vLLM: share of GPU memory the engine may use (GPU only).")
-    enforce_eager: bool = option(True, "vLLM: skip graph capture/compilation (fast start; compiled mode gains ~8%% on CPU).")
+    max_model_len: Optional[int] = option(None, "vLLM context length (default: the model's).", runtime=True)
+    gpu_memory_utilization: float = option(0.9, "vLLM: share of GPU memory the engine may use (GPU only).", runtime=True)
+    enforce_eager: bool = option(
+        True, "vLLM: skip graph capture/compilation (fast start; compiled mode gains ~8%% on CPU).", runtime=True
+    )
     batch_chunks: int = option(
         2048,
         "Chunks in the LLM at once (vLLM: requests in flight, refilled as each finishes; other backends: chunks per "
-        "call). Every reply is cached as it arrives (per batch where the backend answers in batches).",
+        "call). Every reply is cached as it arrives (per batch where the backend answers in batches).", runtime=True,
     )
-    base_url: Optional[str] = option(None, "OpenAI-compatible backend: server URL, e.g. http://127.0.0.1:8000/v1.")
-    api_key_env: str = option("OPENAI_API_KEY", "OpenAI-compatible backend: environment variable holding the API key.")
-    concurrency: int = option(16, "OpenAI-compatible backend: requests in flight at once.")
-    max_retries: int = option(5, "OpenAI-compatible backend: retries (exponential backoff) on 429/5xx/timeouts.")
-    request_timeout: float = option(300.0, "OpenAI-compatible backend: seconds before one request times out.")
+    base_url: Optional[str] = option(None, "OpenAI-compatible backend: server URL, e.g. http://127.0.0.1:8000/v1.", runtime=True)
+    api_key_env: str = option("OPENAI_API_KEY", "OpenAI-compatible backend: environment variable holding the API key.", runtime=True)
+    concurrency: int = option(16, "OpenAI-compatible backend: requests in flight at once.", runtime=True)
+    max_retries: int = option(5, "OpenAI-compatible backend: retries (exponential backoff) on 429/5xx/timeouts.", runtime=True)
+    request_timeout: float = option(300.0, "OpenAI-compatible backend: seconds before one request times out.", runtime=True)
     structured_output: bool = option(True, "Constrain the LLM to the pairs JSON schema (turn off for servers that lack it).")
     compact_json: bool = option(
         False, "vLLM: hold the JSON reply to no optional whitespace (Qwen models indent it: ~1/3 of their output tokens)."
     )
     cache: Optional[str] = option(
-        None, "Generation cache (SQLite file) keyed by chunk text, model, prompt, M and sampling (default: user cache dir)."
+        None, "Generation cache (SQLite file) keyed by chunk text, model, prompt, M and sampling (default: user cache dir).",
+        runtime=True,
     )
     replies_in: Optional[str] = option(
-        None, "Parquet file of stored LLM replies (from --replies-out) to add to the cache first: replays a shared generation."
+        None, "Parquet file of stored LLM replies (from --replies-out) to add to the cache first: replays a shared generation.",
+        runtime=True,
     )
-    replies_out: Optional[str] = option(None, "Write this index's LLM replies (keyed like the cache) to a Parquet file, to share or commit a generation.")
+    replies_out: Optional[str] = option(
+        None, "Write this index's LLM replies (keyed like the cache) to a Parquet file, to share or commit a generation.",
+        runtime=True,
+    )
 
-    def validate(self) -> None:
+    def validate(self) -> "GenerationConfig":
         if self.m < 1:
             raise QCGError(f"m must be >= 1, got {self.m}")
         if self.replies_in and not os.path.isfile(self.replies_in):
@@ -107,6 +121,7 @@ class GenerationConfig:
             raise QCGError("--compact-json needs --backend vllm (an OpenAI-compatible server has no such option)")
         if self.backend == "openai" and not self.model:
             raise QCGError("--backend openai needs --model (the served model's name)")
+        return self
 
 
 @dataclass
@@ -114,8 +129,10 @@ class NodeConfig:
     embedder: Optional[str] = option(None, "Sentence-transformers model (default: bundled all-MiniLM-L6-v2).")
     alpha: float = option(0.8, "Doc2Query--: keep the top ceil(alpha * m_i) pairs of each chunk by similarity to it.")
     nodes: str = option("qa", "Node text: question+answer (default), question, answer, or each sentence of a chunk (no LLM).", NODE_MODES)
-    device: Optional[str] = option(None, "Torch device for embedding and kNN (default: cuda when present, else cpu).")
-    embed_batch_size: int = option(128, "Texts per embedder batch.")
+    device: Optional[str] = option(
+        None, "Torch device for embedding and kNN (default: cuda when present, else cpu).", runtime=True
+    )
+    embed_batch_size: int = option(128, "Texts per embedder batch.", runtime=True)
     long_texts: str = option(
         "mean",
         "Texts longer than the embedder's limit (256 word pieces for the default): 'mean' embeds them whole (mean of "
@@ -124,19 +141,24 @@ class NodeConfig:
     )
     embedding_dtype: str = option("float32", "dtype of node_embeddings.npy.", ("float32", "float16"))
 
-    def validate(self) -> None:
+    def validate(self) -> "NodeConfig":
         if not 0 < self.alpha <= 1:
             raise QCGError(f"alpha must be in (0, 1], got {self.alpha}")
+        return self
 
 
 @dataclass
 class GraphConfig:
     knn_k: int = option(2, "kNN edges per node: its k nearest other nodes by cosine (paper: 2 LiHuaWorld, 3 MultiHop-RAG).")
-    knn_backend: str = option("auto", "kNN search: faiss, torch (tiled matmul+topk), or auto (faiss when installed).", ("auto", "faiss", "torch"))
+    knn_backend: str = option(
+        "auto", "kNN search: faiss, torch (tiled matmul+topk), or auto (faiss when installed).", ("auto", "faiss", "torch"),
+        runtime=True,
+    )
 
-    def validate(self) -> None:
+    def validate(self) -> "GraphConfig":
         if self.knn_k < 1:
             raise QCGError(f"knn_k must be >= 1, got {self.knn_k}")
+        return self
 
 
 @dataclass
@@ -158,8 +180,8 @@ class IndexConfig:
 
     def reply_settings(self) -> dict:
         """The settings that decide the LLM replies: what a stored generation records about itself."""
-        return {name: {key: value for key, value in dataclasses.asdict(getattr(self, name)).items()
-                       if key not in RUNTIME_OPTIONS.get(name, ())} for name in REPLY_SECTIONS}
+        return {name: {key: getattr(getattr(self, name), key) for key in result_fields(getattr(self, name))}
+                for name in REPLY_SECTIONS}
 
     @classmethod
     def from_dict(cls, settings: dict) -> "IndexConfig":
@@ -192,13 +214,15 @@ class RetrievalConfig:
     top_k: int = option(5, "Chunks returned per query (K).")
     backend: str = option(
         "auto", "Retrieval backend: torch (CUDA when present), numpy (numba kernels), or auto.", ("auto", "torch", "numpy"),
-        flag="--retrieval-backend",
+        flag="--retrieval-backend", runtime=True,
     )
-    device: Optional[str] = option(None, "Torch device for the torch backend (default: cuda when present, else cpu).", flag="--retrieval-device")
+    device: Optional[str] = option(
+        None, "Torch device for the torch backend (default: cuda when present, else cpu).", flag="--retrieval-device", runtime=True
+    )
     prefilter: str = option(
         "auto", "bf16 similarity GEMM as a prefilter with exact rescoring of the candidates (same seeds; several "
         "times faster on GPUs and on CPUs with AMX); auto = where the hardware has fast bf16.",
-        ("auto", "bf16", "off"),
+        ("auto", "bf16", "off"), runtime=True,
     )
 
     def validate(self) -> "RetrievalConfig":
@@ -208,4 +232,93 @@ class RetrievalConfig:
             raise QCGError(f"n and top_k must be >= 1, got n={self.n}, top_k={self.top_k}")
         if not 0 <= self.hops <= 3:
             raise QCGError(f"hops must be in 0..3, got {self.hops}")
+        return self
+
+
+@dataclass
+class AnswerConfig:
+    max_context_tokens: int = option(6000, "Context cap in tokens (cl100k_base) for the retrieved chunks (paper: 6000).")
+    max_answer_tokens: int = option(256, "Longest answer, in LLM tokens.")
+    answer_temperature: float = option(0.0, "Sampling temperature of the answering LLM (0 = greedy).")
+
+    def validate(self) -> "AnswerConfig":
+        if self.max_context_tokens < 1 or self.max_answer_tokens < 1:
+            raise QCGError(f"max_context_tokens and max_answer_tokens must be >= 1, got {self.max_context_tokens}, "
+                           f"{self.max_answer_tokens}")
+        if self.answer_temperature < 0:
+            raise QCGError(f"answer_temperature must be >= 0, got {self.answer_temperature}")
+        return self
+
+
+BASELINES = ("naive", "d2q", "d2q-minus")  # naive RAG over chunk embeddings (METHOD.md, "Baselines")
+ABLATIONS = ("qcg-qa", "qcg-q", "qcg-a", "qcg-sentence")  # QCG with other node texts (the paper's ablation)
+EVAL_METHODS = BASELINES + ("qcg",) + ABLATIONS
+SWEEPS = {  # name -> the points of the paper's figures
+    "hops": [{"hops": h} for h in (0, 1, 2)],
+    "knn": [{"knn_k": k} for k in (1, 2, 3, 4, 5)],
+    "seeds": [{"gamma": g, "n": n} for g in (1.0, 1.5) for n in (5, 10, 15, 20)],
+    "alpha": [{"alpha": a} for a in (0.2, 0.4, 0.6, 0.8, 1.0)],
+}
+INDEX_PARAMETERS = ("knn_k", "alpha")  # sweep parameters that need a derived index
+
+
+@dataclass
+class EvalConfig:
+    methods: str = option("naive,d2q,d2q-minus,qcg", "Comma-separated methods: " + ", ".join(EVAL_METHODS) + " (qcg-* are node-text ablations).")
+    sweeps: str = option("", "Comma-separated sweeps of QCG settings: " + ", ".join(SWEEPS) + " (seeds = n x gamma).")
+    answers: bool = option(True, "Answer every question with the LLM and score the answers (exact match, token F1, judge).")
+    judge: bool = option(True, "Score answers with the LLM as judge (deterministic decoding, one-word verdict).")
+    sweep_answers: bool = option(False, "Also answer and judge at every sweep point (one LLM pass per point); otherwise sweeps are scored by retrieval metrics.")
+    limit_per_type: Optional[int] = option(None, "Evaluate only the first N questions of each type (quick, balanced runs).")
+
+    def validate(self) -> "EvalConfig":
+        self.method_list(), self.sweep_list()
+        if self.limit_per_type is not None and self.limit_per_type < 1:
+            raise QCGError(f"--limit-per-type must be >= 1, got {self.limit_per_type}")
+        return self
+
+    def method_list(self) -> list[str]:
+        return _names(self.methods, EVAL_METHODS, "method")
+
+    def sweep_list(self) -> list[str]:
+        return _names(self.sweeps, SWEEPS, "sweep") if self.sweeps.strip() else []
+
+    def select(self, questions: list) -> list:
+        """The first ``limit_per_type`` questions of each type (all without a limit)."""
+        if self.validate().limit_per_type is None:
+            return questions
+        taken: dict[str, int] = {}
+        chosen = []
+        for question in questions:
+            if taken.get(question.type, 0) < self.limit_per_type:
+                taken[question.type] = taken.get(question.type, 0) + 1
+                chosen.append(question)
+        return chosen
+
+
+def _names(text: str, allowed, what: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in allowed]
+    if unknown or not names:
+        raise QCGError(f"unknown {what} {unknown or text!r}; choose from {', '.join(allowed)}")
+    return list(dict.fromkeys(names))
+
+
+@dataclass
+class RayConfig:
+    ray: bool = option(False, "Run on a Ray cluster: the build's generation, embedding and kNN, or the queries' retrieval, split over workers.", runtime=True)
+    ray_address: str = option(
+        "local",
+        "Ray cluster for --ray: 'local' starts one on this machine, 'auto' joins the one `ray start` runs here, or ray://HOST:10001.",
+        runtime=True,
+    )
+    ray_workers: Optional[int] = option(
+        None, "Workers (model replicas) for --ray (default: one per GPU of the cluster, else one per CPU core).", runtime=True
+    )
+
+    def validate(self) -> "RayConfig":
+        if self.ray_workers is not None and self.ray_workers < 1:
+            raise QCGError(f"ray_workers must be >= 1, got {self.ray_workers}")
+        if not self.ray and (self.ray_address != "local" or self.ray_workers is not None):
+            raise QCGError("--ray-address and --ray-workers apply only with --ray")
         return self

@@ -26,38 +26,20 @@ import dataclasses
 import json
 import logging
 import os
-from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from .capabilities import require, with_cuda
-from .config import GenerationConfig, NodeConfig, option
+from .config import GenerationConfig, NodeConfig, RayConfig
 from .embedding import Windows, encode_whole, length_batches
 from .errors import QCGError
 from .knn import KnnGraph, degree, rank_candidates, search_candidates, search_width
-from .llm import Completion, SamplingSpec, llm_name
+from .llm import Completion, LLMBackend, SamplingSpec, llm_name
+from .log import progress_bar, quiet, show_progress
 from .models import DEFAULT_EMBEDDER, resolve_model
 
 EMBED_BLOCK_BATCHES = 8  # embedder batches per block sent to one worker
-
-
-@dataclass
-class RayConfig:
-    ray: bool = option(False, "Run on a Ray cluster: the build's generation, embedding and kNN, or the queries' retrieval, split over workers.")
-    ray_address: str = option(
-        "local",
-        "Ray cluster for --ray: 'local' starts one on this machine, 'auto' joins the one `ray start` runs here, or ray://HOST:10001.",
-    )
-    ray_workers: Optional[int] = option(None, "Workers (model replicas) for --ray (default: one per GPU of the cluster, else one per CPU core).")
-
-    def validate(self) -> "RayConfig":
-        if self.ray_workers is not None and self.ray_workers < 1:
-            raise QCGError(f"ray_workers must be >= 1, got {self.ray_workers}")
-        if not self.ray and (self.ray_address != "local" or self.ray_workers is not None):
-            raise QCGError("--ray-address and --ray-workers apply only with --ray")
-        return self
 
 
 class RayCluster:
@@ -96,8 +78,7 @@ class RayCluster:
     def embedder(self, config: NodeConfig) -> "RayEmbedder":
         return RayEmbedder(config, self)
 
-    def knn_graph(self, embeddings: np.ndarray, k: int, backend: str = "auto", device: str | None = None,
-                  progress: bool = False) -> KnnGraph:
+    def knn_graph(self, embeddings: np.ndarray, k: int, backend: str = "auto", device: str | None = None) -> KnnGraph:
         """:func:`knn.knn_graph` with its row blocks searched and ranked by Ray tasks."""
         emb = np.ascontiguousarray(embeddings, dtype=np.float32)
         n = len(emb)
@@ -109,7 +90,7 @@ class RayCluster:
         blocks = [b for b in np.array_split(np.arange(n), self.workers * 4) if len(b)]
         task = self.ray.remote(**self.worker_resources)(_knn_rows)
         futures = [task.remote(shared, int(b[0]), int(b[-1]) + 1, k_eff, search_width(k_eff, n), backend, device) for b in blocks]
-        parts = gather(self.ray, futures, progress, "kNN blocks")
+        parts = gather(self.ray, futures, "kNN blocks")
         return KnnGraph.from_rows(np.concatenate([ids for ids, _ in parts]), np.concatenate([s for _, s in parts]))
 
     def actors(self, cls, *args, reuse: bool = False) -> list:
@@ -135,9 +116,9 @@ def _knn_rows(emb: np.ndarray, start: int, stop: int, k: int, width: int, backen
     return rank_candidates(emb, candidates, k, rows=rows)
 
 
-def gather(ray, futures: list, progress: bool, desc: str) -> list:
-    """Results of ``futures`` in their order, with a progress bar as they finish."""
-    with tqdm(total=len(futures), desc=desc, disable=not progress) as bar:
+def gather(ray, futures: list, desc: str | None = None) -> list:
+    """Results of ``futures`` in their order, with a progress bar named ``desc`` (if any) as they finish."""
+    with progress_bar(total=len(futures), desc=desc, disable=desc is None) as bar:
         pending = list(futures)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
@@ -156,11 +137,12 @@ class _LLMWorker:
 
         if not with_cuda():  # Ray gives each actor its cores (OMP_NUM_THREADS); vLLM must not pin to all of them
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+        quiet()  # the driver shows the progress; one bar per engine would bury it
         self.llm = make_backend(GenerationConfig(**generation))
         self.sampling = sampling
 
     def __call__(self, batch: dict) -> dict:
-        completions = self.llm.chat([json.loads(c) for c in batch["conversation"]], self.sampling, progress=False)
+        completions = self.llm.chat([json.loads(c) for c in batch["conversation"]], self.sampling)
         return {
             "row": batch["row"],
             "text": np.array([c.text for c in completions], dtype=object),
@@ -171,7 +153,7 @@ class _LLMWorker:
         }
 
 
-class RayLLM:
+class RayLLM(LLMBackend):
     """An LLM backend whose conversations are answered by a pool of engines on Ray workers.
 
     ``chat_batches`` streams (rows, completions) as batches finish, in any order, so the
@@ -185,21 +167,21 @@ class RayLLM:
     def workers(self) -> int:
         return self.cluster.workers
 
-    def chat(self, conversations, sampling: SamplingSpec, progress: bool = True) -> list[Completion]:
+    def chat(self, conversations, sampling: SamplingSpec) -> list[Completion]:
         out = [Completion()] * len(conversations)
-        for rows, completions in self.chat_batches(conversations, sampling, self.config.batch_chunks, progress):
+        for rows, completions in self.chat_batches(conversations, sampling, self.config.batch_chunks):
             for row, completion in zip(rows, completions):
                 out[row] = completion
         return out
 
-    def chat_batches(self, conversations, sampling: SamplingSpec, batch_size: int, progress: bool = True):
+    def chat_batches(self, conversations, sampling: SamplingSpec, batch_size: int):
         if not conversations:
             return
         ray, workers = self.cluster.ray, self.cluster.workers
         self.cluster.release()
         # batches of batch_size (each cached as it arrives), smaller only so that every worker gets one
         size = max(1, min(batch_size, -(-len(conversations) // workers)))
-        ray.data.DataContext.get_current().enable_progress_bars = progress
+        ray.data.DataContext.get_current().enable_progress_bars = show_progress()
         items = [{"row": i, "conversation": json.dumps(c)} for i, c in enumerate(conversations)]
         dataset = ray.data.from_items(items, override_num_blocks=-(-len(items) // size)).map_batches(
             _LLMWorker, fn_constructor_kwargs={"generation": dataclasses.asdict(self.config), "sampling": sampling},
@@ -257,10 +239,10 @@ class RayEmbedder:
             self.windows = Windows(transformers.AutoTokenizer.from_pretrained(path), self.max_tokens)
         self.windowed_texts = 0
 
-    def encode(self, texts: list[str], progress: bool = False, desc: str = "embed") -> np.ndarray:
-        return encode_whole(self, texts, lambda pieces: self._encode_pieces(pieces, progress, desc))
+    def encode(self, texts: list[str], desc: str = "embed") -> np.ndarray:
+        return encode_whole(self, texts, lambda pieces: self._encode_pieces(pieces, desc))
 
-    def _encode_pieces(self, texts: list[str], progress: bool, desc: str) -> np.ndarray:
+    def _encode_pieces(self, texts: list[str], desc: str) -> np.ndarray:
         from ray.util import ActorPool
 
         batches = length_batches(texts, self.batch_size)  # the batches one process would embed
@@ -269,7 +251,7 @@ class RayEmbedder:
         results = ActorPool(self._workers).map(
             lambda worker, block: worker.encode_batches.remote([[texts[r] for r in rows] for rows in block]), blocks)
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for block, vectors in zip(blocks, tqdm(results, total=len(blocks), desc=desc, unit="block", disable=not progress)):
+        for block, vectors in zip(blocks, progress_bar(results, total=len(blocks), desc=desc, unit="block")):
             for rows, batch in zip(block, vectors):
                 out[rows] = batch
         return out

@@ -13,10 +13,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from .capabilities import default_device, require
 from .errors import QCGError
+from .log import progress_bar
 from .models import DEFAULT_EMBEDDER, resolve_model
 
 LONG_TEXT_MODES = ("mean", "truncate")
@@ -40,14 +40,14 @@ class Embedder:
         self.max_tokens = self.model.max_seq_length
         self.windowed_texts = 0  # texts embedded over several windows so far (reported in the manifest)
 
-    def encode(self, texts: list[str], progress: bool = False, desc: str = "embed") -> np.ndarray:
-        """float32 array (len(texts), dim), each row of unit length."""
-        return encode_whole(self, texts, lambda pieces: self.encode_pieces(pieces, progress, desc))
+    def encode(self, texts: list[str], desc: str = "embed") -> np.ndarray:
+        """float32 array (len(texts), dim), each row of unit length; ``desc`` names its progress bar."""
+        return encode_whole(self, texts, lambda pieces: self.encode_pieces(pieces, desc))
 
-    def encode_pieces(self, texts: list[str], progress: bool = False, desc: str = "embed") -> np.ndarray:
+    def encode_pieces(self, texts: list[str], desc: str = "embed") -> np.ndarray:
         """Each text through the model as it is (cut at the model's limit)."""
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for rows in tqdm(length_batches(texts, self.batch_size), desc=desc, unit="batch", disable=not progress):
+        for rows in progress_bar(length_batches(texts, self.batch_size), desc=desc, unit="batch"):
             out[rows] = self.encode_batch([texts[i] for i in rows])
         return out
 

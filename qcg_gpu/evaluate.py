@@ -13,70 +13,23 @@ import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
-from tqdm.auto import tqdm
 
-from .answer import AnswerConfig, answer_questions, build_context
-from .config import option
+from .answer import answer_from_chunks
+from .config import ABLATIONS, BASELINES, INDEX_PARAMETERS, SWEEPS, AnswerConfig, EvalConfig
 from .datasets import NULL_TYPE, EvalSet
 from .embedding import Embedder
 from .errors import QCGError
 from .llm import LLMBackend, SamplingSpec
+from .log import logger, progress_bar
 from .metrics import (all_evidence_hit, evidence_recall, exact_match, is_abstention, judge_conversation,
                       parse_verdict, reciprocal_rank, token_f1)
-from .retrieval import BASELINES, QCGIndex, RetrievalConfig, search
+from .retrieval import QCGIndex, RetrievalConfig, search
 from .variants import derive_index
 
-ABLATIONS = ("qcg-qa", "qcg-q", "qcg-a", "qcg-sentence")  # QCG with other node texts (the paper's ablation)
-METHODS = BASELINES + ("qcg",) + ABLATIONS
 RETRIEVAL_METRICS = ("recall", "hit", "mrr")
 ANSWER_METRICS = ("judge", "em", "f1")
-SWEEPS = {  # name -> the points of the paper's figures
-    "hops": [{"hops": h} for h in (0, 1, 2)],
-    "knn": [{"knn_k": k} for k in (1, 2, 3, 4, 5)],
-    "seeds": [{"gamma": g, "n": n} for g in (1.0, 1.5) for n in (5, 10, 15, 20)],
-    "alpha": [{"alpha": a} for a in (0.2, 0.4, 0.6, 0.8, 1.0)],
-}
-INDEX_PARAMETERS = ("knn_k", "alpha")  # sweep parameters that need a derived index
-
-
-@dataclass
-class EvalConfig:
-    methods: str = option("naive,d2q,d2q-minus,qcg", "Comma-separated methods: " + ", ".join(METHODS) + " (qcg-* are node-text ablations).")
-    sweeps: str = option("", "Comma-separated sweeps of QCG settings: " + ", ".join(SWEEPS) + " (seeds = n x gamma).")
-    answers: bool = option(True, "Answer every question with the LLM and score the answers (exact match, token F1, judge).")
-    judge: bool = option(True, "Score answers with the LLM as judge (deterministic decoding, one-word verdict).")
-    sweep_answers: bool = option(False, "Also answer and judge at every sweep point (one LLM pass per point); otherwise sweeps are scored by retrieval metrics.")
-    limit_per_type: Optional[int] = option(None, "Evaluate only the first N questions of each type (quick, balanced runs).")
-
-    def method_list(self) -> list[str]:
-        return _names(self.methods, METHODS, "method")
-
-    def sweep_list(self) -> list[str]:
-        return _names(self.sweeps, SWEEPS, "sweep") if self.sweeps.strip() else []
-
-    def select(self, questions: list) -> list:
-        if self.limit_per_type is None:
-            return questions
-        if self.limit_per_type < 1:
-            raise QCGError(f"--limit-per-type must be >= 1, got {self.limit_per_type}")
-        taken: dict[str, int] = {}
-        chosen = []
-        for question in questions:
-            if taken.get(question.type, 0) < self.limit_per_type:
-                taken[question.type] = taken.get(question.type, 0) + 1
-                chosen.append(question)
-        return chosen
-
-
-def _names(text: str, allowed, what: str) -> list[str]:
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in allowed]
-    if unknown or not names:
-        raise QCGError(f"unknown {what} {unknown or text!r}; choose from {', '.join(allowed)}")
-    return list(dict.fromkeys(names))
 
 
 @dataclass
@@ -95,19 +48,19 @@ class Harness:
 
     def __init__(self, index: QCGIndex, evalset: EvalSet, embedder: Embedder, retrieval: RetrievalConfig,
                  answer: AnswerConfig | None = None, llm: LLMBackend | None = None, judge_llm: LLMBackend | None = None,
-                 progress: bool = True, cluster=None):
+                 cluster=None):
         self.index, self.evalset, self.embedder = index, evalset, embedder
-        self.retrieval, self.answer_config = retrieval.validate(), answer or AnswerConfig()
-        self.llm, self.judge_llm, self.progress = llm, judge_llm or llm, progress
+        self.retrieval, self.answer_config = retrieval.validate(), (answer or AnswerConfig()).validate()
+        self.llm, self.judge_llm = llm, judge_llm or llm
         self.cluster = cluster  # a distributed.RayCluster: QCG retrieval split over its workers
         self.questions, self.types = evalset.questions, _type_order(evalset.questions)
-        self.vectors = embedder.encode([q.question for q in self.questions], progress, "questions")
+        self.vectors = embedder.encode([q.question for q in self.questions], "questions")
         self.doc_ids = index.chunks.column("doc_id").to_pylist()
 
     def run(self, config: EvalConfig) -> Evaluation:
         records = []
         for method in config.method_list():
-            self._say(f"method {method}")
+            logger.info(f"method {method}")
             records += self.score_retrieval(method, self.retrieve(method, self.index, self.retrieval))
         if config.answers:
             self.score_answers(records, config.judge)
@@ -119,7 +72,7 @@ class Harness:
         if method in BASELINES:
             return search(index, self.vectors, retrieval, method, self.embedder).chunk_ids
         if method in ABLATIONS:
-            index = derive_index(index, nodes=method.removeprefix("qcg-"), embedder=self.embedder, progress=self.progress)
+            index = derive_index(index, nodes=method.removeprefix("qcg-"), embedder=self.embedder)
         return search(index, self.vectors, retrieval, cluster=self.cluster).chunk_ids
 
     def score_retrieval(self, method: str, chunk_ids: np.ndarray, setting: dict | None = None) -> list[dict]:
@@ -143,10 +96,9 @@ class Harness:
         question is incorrect without asking the judge."""
         if self.llm is None:
             raise QCGError("answer metrics need an LLM (or turn them off with --no-answers)")
-        texts = self.index.chunk_texts()
-        contexts = [build_context([texts[c] for c in r["chunk_ids"]], self.answer_config.max_context_tokens) for r in records]
-        self._say(f"answering {len(records)} questions")
-        completions = answer_questions(self.llm, [r["question"] for r in records], contexts, self.answer_config, self.progress)
+        logger.info(f"answering {len(records)} questions")
+        completions = answer_from_chunks(self.llm, [r["question"] for r in records], [r["chunk_ids"] for r in records],
+                                         self.index.chunk_texts(), self.answer_config)
         to_judge = []
         for record, completion in zip(records, completions):
             answer = "" if completion.error else completion.text.strip()
@@ -160,13 +112,13 @@ class Harness:
             if judge and answer and not abstained:
                 to_judge.append(record)
         if to_judge:
-            self._say(f"judging {len(to_judge)} answers")
+            logger.info(f"judging {len(to_judge)} answers")
             self._judge(to_judge)
 
     def _judge(self, records: list[dict]) -> None:
         sampling = SamplingSpec(temperature=0.0, top_p=1.0, max_tokens=8, seed=0)
         conversations = [judge_conversation(r["question"], r["gold"], r["answer"]) for r in records]
-        for record, completion in zip(records, self.judge_llm.chat(conversations, sampling, self.progress)):
+        for record, completion in zip(records, self.judge_llm.chat(conversations, sampling)):
             if completion.error:
                 record.update(judge=0.0, judge_reply=None, judge_error=completion.error)  # counted incorrect, and reported
                 continue
@@ -177,7 +129,7 @@ class Harness:
 
     def sweep(self, name: str, config: EvalConfig) -> list[dict]:
         rows, variant, variant_key = [], None, None
-        for point in tqdm(SWEEPS[name], desc=f"sweep {name}", disable=not self.progress):
+        for point in progress_bar(SWEEPS[name], desc=f"sweep {name}"):
             index_params = {k: v for k, v in point.items() if k in INDEX_PARAMETERS}
             if index_params != variant_key:
                 variant, variant_key = (derive_index(self.index, **index_params) if index_params else self.index), index_params
@@ -188,9 +140,6 @@ class Harness:
             rows.append({**point, **summarize(records, self.types)[0]})
         return rows
 
-    def _say(self, message: str) -> None:
-        if self.progress:
-            tqdm.write(f"[qcg eval] {message}")
 
 
 def _type_order(questions) -> list[str]:
@@ -286,3 +235,14 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
         writer = csv.DictWriter(fh, fieldnames=fields)
         writer.writeheader()
         writer.writerows(rows)
+
+
+def evidence_outside(index: QCGIndex, evalset: EvalSet) -> list[str]:
+    """Evidence documents the index does not hold: a few are data flaws (reported); all of them means the wrong index."""
+    in_index = set(index.chunks.column("doc_id").to_pylist())
+    evidence = {doc for q in evalset.questions for doc in q.evidence}
+    missing = sorted(evidence - in_index)
+    if evidence and len(missing) == len(evidence):
+        raise QCGError(f"none of the {len(evidence)} evidence documents is in {index.path}: was it built from this dataset's corpus? "
+                       f"(evidence e.g. {missing[0]!r}, index e.g. {next(iter(in_index), None)!r})")
+    return [f"{len(missing)} evidence documents are not in the index, e.g. {missing[:3]}"] if missing else []

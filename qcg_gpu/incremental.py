@@ -22,13 +22,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from .config import RUNTIME_OPTIONS, IndexConfig
+from .config import IndexConfig, result_fields
 from .embedding import Embedder
 from .errors import QCGError
 from .knn import KnnGraph, add_nodes, remove_nodes
 from .llm import LLMBackend
-from .pipeline import (IndexSummary, embed_and_select, empty_pairs, generate_pairs, index_tables, load_embedder, package_versions,
-                       read_chunks, stage, write_index)
+from .generation import generate_pairs
+from .stages import (IndexSummary, Pairs, embed_and_select, index_tables, load_embedder, package_versions, read_chunks, stage,
+                     write_index)
 from .retrieval import QCGIndex
 
 ARRAYS = ("chunk_embeddings", "pair_embeddings", "node_embeddings")
@@ -61,9 +62,10 @@ def index_settings(manifest: dict, options: IndexConfig | None) -> IndexConfig:
     defaults, conflicts = IndexConfig(), []
     for name in IndexConfig.SECTIONS:
         stored, given, default = getattr(config, name), getattr(options, name), getattr(defaults, name)
+        results = result_fields(stored)
         for f in dataclasses.fields(stored):
             value = getattr(given, f.name)
-            if f.name in RUNTIME_OPTIONS.get(name, ()):
+            if f.name not in results:  # how to run: the caller's
                 setattr(stored, f.name, value)
             elif value != getattr(default, f.name) and value != getattr(stored, f.name):
                 conflicts.append(f"{f.name}={value!r} (the index has {getattr(stored, f.name)!r})")
@@ -84,8 +86,7 @@ def _update_lock(index: Path):
 
 
 def add_documents(index: str | Path, input_path: str | Path, options: IndexConfig | None = None, *,
-                  llm: LLMBackend | None = None, embedder: Embedder | None = None, cluster=None,
-                  progress: bool = True) -> IndexSummary:
+                  llm: LLMBackend | None = None, embedder: Embedder | None = None, cluster=None) -> IndexSummary:
     """Add the documents at ``input_path`` (directory, .jsonl or .parquet) to an existing index;
     with a Ray ``cluster``, the new chunks' pairs and embeddings are made on its workers."""
     index = Path(index)
@@ -94,53 +95,51 @@ def add_documents(index: str | Path, input_path: str | Path, options: IndexConfi
         manifest = stored.index.manifest
         config = index_settings(manifest, options)
         summary = IndexSummary(out=index)
-        with stage(summary, "chunk", progress):
-            chunks = read_chunks(input_path, config, summary, progress)
+        with stage(summary, "chunk"):
+            chunks = read_chunks(input_path, config, summary)
         present = set(stored.tables["chunks"].column("doc_id").to_pylist())
         clash = sorted({c.doc_id for c in chunks} & present)
         if clash:
             raise QCGError(f"{len(clash)} documents are in the index already (remove them first to replace them): {clash[:5]}")
 
-        pairs = empty_pairs()
+        pairs = Pairs.empty()
         if config.nodes.nodes != "sentence":
             model_name = manifest["models"]["llm"]
             if cluster is not None:
                 llm = llm or cluster.llm(config.generation)
             if llm is not None and llm.model_name != model_name:
                 raise QCGError(f"the index's pairs come from {model_name}; got an LLM serving {llm.model_name}")
-            pairs = generate_pairs(chunks, llm, model_name, config, summary, progress)
+            pairs = generate_pairs(chunks, llm, model_name, config, summary)
         if summary.failed_chunks:
             raise QCGError(f"{len(summary.failed_chunks)} new chunks got no LLM reply ({summary.failed_chunks[0][1]}); "
                            "the index is unchanged; rerun to retry (replies made so far are cached)")
 
-        with stage(summary, "load_embedder", progress):
+        with stage(summary, "load_embedder"):
             embedder = embedder or load_embedder(config.nodes, cluster)
         if embedder.model_name != manifest["models"]["embedder"]:
             raise QCGError(f"the index was embedded with {manifest['models']['embedder']}, not {embedder.model_name}")
-        with stage(summary, "embed", progress):
-            chunk_emb, pair_emb, nodes, node_emb = embed_and_select(chunks, pairs, config, embedder, progress)
-        with stage(summary, "knn", progress):
+        with stage(summary, "embed"):
+            embedded = embed_and_select(chunks, pairs, config.nodes, embedder)
+        with stage(summary, "knn"):
             old_nodes = np.asarray(stored.index.node_embeddings, np.float32)
-            graph = add_nodes(stored.graph, old_nodes, node_emb, config.graph.knn_k, config.graph.knn_backend, config.nodes.device, progress)
+            graph = add_nodes(stored.graph, old_nodes, embedded.node_embeddings, config.graph.knn_k, config.graph.knn_backend,
+                              config.nodes.device)
 
         counts = {name: table.num_rows for name, table in stored.tables.items()}
-        new_tables = index_tables(chunks, pairs, nodes, counts["chunks"], counts["pairs"], counts["nodes"])
+        new_tables = index_tables(chunks, pairs, embedded.nodes, counts["chunks"], counts["pairs"], counts["nodes"])
         tables = {name: pa.concat_tables([stored.tables[name], new_tables[name]]) for name in stored.tables}
-        dtype = config.nodes.embedding_dtype
-        arrays = {
-            "chunk_embeddings": np.concatenate([stored.arrays["chunk_embeddings"], chunk_emb.astype(stored.arrays["chunk_embeddings"].dtype)]),
-            "pair_embeddings": np.concatenate([stored.arrays["pair_embeddings"], pair_emb.astype(dtype)]),
-            "node_embeddings": np.concatenate([stored.arrays["node_embeddings"], node_emb.astype(dtype)]),
-        }
-        summary.pairs_valid, summary.pairs_kept = len(pairs["chunk_id"]), int(pairs["kept"].sum())
-        summary.nodes, summary.edges = len(nodes.text), len(graph.indices)
+        new_arrays = {"chunk_embeddings": embedded.chunk_embeddings, "pair_embeddings": embedded.pair_embeddings,
+                      "node_embeddings": embedded.node_embeddings}
+        arrays = {name: np.concatenate([old, new_arrays[name].astype(old.dtype)]) for name, old in stored.arrays.items()}
+        summary.pairs_valid, summary.pairs_kept = len(pairs), int(pairs.kept.sum())
+        summary.nodes, summary.edges = len(embedded.nodes.text), len(graph.indices)
         dropped = Counter(manifest["counts"].get("pairs_dropped", {})) + summary.dropped
         _publish(index, manifest, tables, arrays, graph, summary, dropped,
                  {"op": "add", "documents": summary.documents, "chunks": len(chunks)})
     return summary
 
 
-def remove_documents(index: str | Path, doc_ids: list[str], *, progress: bool = True) -> IndexSummary:
+def remove_documents(index: str | Path, doc_ids: list[str]) -> IndexSummary:
     """Remove the documents ``doc_ids`` (their chunks, pairs and nodes) from an index."""
     index = Path(index)
     with _update_lock(index):
@@ -161,9 +160,9 @@ def remove_documents(index: str | Path, doc_ids: list[str], *, progress: bool = 
         node_chunk = stored.index.node_chunk
         keep_node = keep_chunk[node_chunk]
 
-        with stage(summary, "knn", progress):
+        with stage(summary, "knn"):
             graph = remove_nodes(stored.graph, np.asarray(stored.index.node_embeddings, np.float32), keep_node,
-                                 config.graph.knn_k, config.graph.knn_backend, config.nodes.device, progress)
+                                 config.graph.knn_k, config.graph.knn_backend, config.nodes.device)
         chunks = stored.tables["chunks"].filter(pa.array(keep_chunk))
         chunks = chunks.set_column(0, "chunk_id", pa.array(np.arange(chunks.num_rows), pa.int64()))
         pairs = stored.tables["pairs"].filter(pa.array(keep_pair))
@@ -216,4 +215,4 @@ def _publish(index: Path, manifest: dict, tables: dict, arrays: dict, graph: Knn
     }
     for key in ("format_version", "data_dir", "files"):
         updated.pop(key, None)
-    write_index(index, tables, arrays, graph, updated, summary, False)
+    write_index(index, tables, arrays, graph, updated, summary)

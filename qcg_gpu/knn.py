@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from .capabilities import WITH_FAISS, default_device, faiss_gpus, require
 from .errors import QCGError
+from .log import progress_bar
 
 CANDIDATE_MARGIN = 8
 RERANK_TILE_ROWS = 2048
@@ -58,19 +58,19 @@ def search_width(k: int, n: int) -> int:
     return min(n, k + 1 + CANDIDATE_MARGIN)
 
 
-def knn_graph(embeddings: np.ndarray, k: int, backend: str = "auto", device: str | None = None, progress: bool = False) -> KnnGraph:
+def knn_graph(embeddings: np.ndarray, k: int, backend: str = "auto", device: str | None = None) -> KnnGraph:
     """Exact kNN graph of unit-length ``embeddings`` (N, d); each row gets min(k, N - 1) edges."""
     emb = np.ascontiguousarray(embeddings, dtype=np.float32)
     n = len(emb)
     k_eff = degree(k, n)
     if k_eff == 0:
         return KnnGraph.from_rows(np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32))
-    candidates = search_candidates(emb, emb, search_width(k_eff, n), backend, device, progress)
-    return KnnGraph.from_rows(*rank_candidates(emb, candidates, k_eff, progress))
+    candidates = search_candidates(emb, emb, search_width(k_eff, n), backend, device)
+    return KnnGraph.from_rows(*rank_candidates(emb, candidates, k_eff))
 
 
 def add_nodes(graph: KnnGraph, old: np.ndarray, new: np.ndarray, k: int, backend: str = "auto",
-              device: str | None = None, progress: bool = False) -> KnnGraph:
+              device: str | None = None) -> KnnGraph:
     """The kNN graph of ``old`` followed by ``new``, from the graph of ``old``, equal to
     ``knn_graph(concat(old, new), k)`` without the all-pairs search: the new rows are searched
     over every node; an old row is re-ranked only when a new node comes close enough to enter
@@ -81,10 +81,10 @@ def add_nodes(graph: KnnGraph, old: np.ndarray, new: np.ndarray, k: int, backend
     if len(new) == 0:
         return graph
     if graph.k != k_eff or n_old <= k_eff:  # old rows had fewer than k others: nothing to keep
-        return knn_graph(emb, k, backend, device, progress)
+        return knn_graph(emb, k, backend, device)
     edges = graph.indices.reshape(n_old, k_eff)
     width = search_width(k_eff, len(new))
-    new_of_old = search_candidates(emb[:n_old], emb[n_old:], width, backend, device, progress) + n_old
+    new_of_old = search_candidates(emb[:n_old], emb[n_old:], width, backend, device) + n_old
     # an old row changes when its best new candidate reaches its k-th edge (1e-5: float32 search error)
     best_new = pair_scores(emb, np.arange(n_old), new_of_old[:, 0])
     changed = np.flatnonzero(best_new >= graph.scores.reshape(n_old, k_eff)[:, -1] - 1e-5)
@@ -92,46 +92,46 @@ def add_nodes(graph: KnnGraph, old: np.ndarray, new: np.ndarray, k: int, backend
     scores = np.concatenate([graph.scores.reshape(n_old, k_eff), np.zeros((len(new), k_eff), np.float32)])
     if len(changed):
         candidates = np.concatenate([edges[changed], new_of_old[changed]], axis=1)
-        ids[changed], scores[changed] = rank_candidates(emb, candidates, k_eff, progress, rows=changed)
+        ids[changed], scores[changed] = rank_candidates(emb, candidates, k_eff, rows=changed)
         if width < len(new):  # a tie with the last new candidate may continue past it: rank those rows fully
             weakest_new = pair_scores(emb, np.repeat(changed, width), new_of_old[changed].reshape(-1)).reshape(-1, width).min(axis=1)
             for row in changed[scores[changed, -1] <= weakest_new.astype(np.float32)]:
                 ids[row], scores[row] = _rank_row_fully(emb, row, k_eff)
     new_rows = np.arange(n_old, n)
-    candidates = search_candidates(emb[n_old:], emb, search_width(k_eff, n), backend, device, progress)
-    ids[n_old:], scores[n_old:] = rank_candidates(emb, candidates, k_eff, progress, rows=new_rows)
+    candidates = search_candidates(emb[n_old:], emb, search_width(k_eff, n), backend, device)
+    ids[n_old:], scores[n_old:] = rank_candidates(emb, candidates, k_eff, rows=new_rows)
     return KnnGraph.from_rows(ids, scores)
 
 
 def remove_nodes(graph: KnnGraph, emb: np.ndarray, keep: np.ndarray, k: int, backend: str = "auto",
-                 device: str | None = None, progress: bool = False) -> KnnGraph:
+                 device: str | None = None) -> KnnGraph:
     """The kNN graph of ``emb[keep]`` (ids renumbered in order), equal to ``knn_graph(emb[keep], k)``:
     only rows that lost an out-neighbour are searched again."""
     kept = np.ascontiguousarray(emb[keep], dtype=np.float32)
     n = len(kept)
     k_eff = degree(k, n)
     if graph.k != k_eff:
-        return knn_graph(kept, k, backend, device, progress)
+        return knn_graph(kept, k, backend, device)
     new_id = np.full(len(emb), -1, np.int64)
     new_id[keep] = np.arange(n)
     ids = new_id[graph.indices.reshape(len(emb), -1)[keep]]
     scores = graph.scores.reshape(len(emb), -1)[keep].copy()
     lost = np.flatnonzero((ids < 0).any(axis=1))
     if len(lost):
-        candidates = search_candidates(kept[lost], kept, search_width(k_eff, n), backend, device, progress)
-        ids[lost], scores[lost] = rank_candidates(kept, candidates, k_eff, progress, rows=lost)
+        candidates = search_candidates(kept[lost], kept, search_width(k_eff, n), backend, device)
+        ids[lost], scores[lost] = rank_candidates(kept, candidates, k_eff, rows=lost)
     return KnnGraph.from_rows(ids, scores)
 
 
 def search_candidates(queries: np.ndarray, base: np.ndarray, width: int, backend: str = "auto",
-                      device: str | None = None, progress: bool = False) -> np.ndarray:
+                      device: str | None = None) -> np.ndarray:
     """The ``width`` nodes of ``base`` most similar to each query, by a float32 search (ranked exactly later)."""
     if backend == "auto":
         backend = "faiss" if WITH_FAISS else "torch"
     if backend == "faiss":
         return faiss_candidates(queries, base, width)
     if backend == "torch":
-        return torch_candidates(queries, base, width, device or default_device(), progress)
+        return torch_candidates(queries, base, width, device or default_device())
     raise QCGError(f"unknown kNN backend {backend!r} (choose faiss, torch or auto)")
 
 
@@ -145,13 +145,13 @@ def faiss_candidates(queries: np.ndarray, base: np.ndarray, width: int) -> np.nd
     return ids.astype(np.int64)
 
 
-def torch_candidates(queries: np.ndarray, base: np.ndarray, width: int, device: str, progress: bool = False) -> np.ndarray:
+def torch_candidates(queries: np.ndarray, base: np.ndarray, width: int, device: str) -> np.ndarray:
     torch = require("torch")
     x, q = torch.from_numpy(np.ascontiguousarray(base)).to(device), torch.from_numpy(np.ascontiguousarray(queries)).to(device)
     rows = max(1, min(4096, SIMILARITY_TILE_ELEMENTS // max(len(base), 1)))
     out = []
     with torch.inference_mode():
-        for start in tqdm(range(0, len(q), rows), desc="kNN search", unit="tile", disable=not progress or len(q) <= rows):
+        for start in progress_bar(range(0, len(q), rows), desc="kNN search", unit="tile", disable=len(q) <= rows):
             sims = q[start : start + rows] @ x.T
             out.append(sims.topk(width, dim=1).indices.cpu())
     return torch.cat(out).numpy().astype(np.int64)
@@ -169,15 +169,15 @@ def _best_first(ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
     return np.take_along_axis(by_id, by_score, axis=1)
 
 
-def rank_candidates(emb: np.ndarray, candidates: np.ndarray, k: int, progress: bool = False,
+def rank_candidates(emb: np.ndarray, candidates: np.ndarray, k: int,
                     rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The k best of each row's candidates (row ``rows[i]`` of ``emb``, default i) by exact score, ties by lower id."""
     n, width = len(emb), candidates.shape[1]
     row_ids = np.arange(len(candidates)) if rows is None else np.asarray(rows, np.int64)
     out_ids = np.empty((len(candidates), k), dtype=np.int64)
     out_scores = np.empty((len(candidates), k), dtype=np.float32)
-    for start in tqdm(range(0, len(candidates), RERANK_TILE_ROWS), desc="rank kNN edges", unit="tile",
-                      disable=not progress or len(candidates) <= RERANK_TILE_ROWS):
+    for start in progress_bar(range(0, len(candidates), RERANK_TILE_ROWS), desc="rank kNN edges", unit="tile",
+                              disable=len(candidates) <= RERANK_TILE_ROWS):
         cand = candidates[start : start + RERANK_TILE_ROWS]
         rows = row_ids[start : start + len(cand)]
         valid = (cand >= 0) & (cand != rows[:, None])  # faiss pads with -1; self is never a neighbour

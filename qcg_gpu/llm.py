@@ -16,13 +16,13 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Iterator, Optional, Sequence
 
-from tqdm.auto import tqdm
 
 from .capabilities import require, with_cuda
 from .config import GenerationConfig
 from .errors import QCGError
+from .log import progress_bar
 from .models import DEFAULT_LLM, llm_identity, resolve_model
 
 Conversation = list[dict]
@@ -48,10 +48,23 @@ class Completion:
     error: Optional[str] = None
 
 
-class LLMBackend(Protocol):
+class LLMBackend:
+    """What every LLM backend does: answer conversations (never raising for one failed request:
+    its Completion carries the error)."""
+
     model_name: str
 
-    def chat(self, conversations: list[Conversation], sampling: SamplingSpec, progress: bool = True) -> list[Completion]: ...
+    def chat(self, conversations: list[Conversation], sampling: SamplingSpec) -> list[Completion]:
+        raise NotImplementedError
+
+    def chat_batches(self, conversations: list[Conversation], sampling: SamplingSpec,
+                     batch_size: int) -> Iterator[tuple[Sequence[int], list[Completion]]]:
+        """(rows, completions) as they finish, so a caller can store each: here one ``chat`` call per
+        ``batch_size`` conversations; engines that stream (vLLM) or schedule batches themselves (Ray)
+        hand over finished requests sooner."""
+        for start in range(0, len(conversations), batch_size):
+            batch = conversations[start : start + batch_size]
+            yield range(start, start + len(batch)), self.chat(batch, sampling)
 
 
 def llm_name(config: GenerationConfig) -> str:
@@ -112,7 +125,7 @@ def _llvmlite_hidden_from_vllm():
             namespace[name] = value
 
 
-class VLLMBackend:
+class VLLMBackend(LLMBackend):
     def __init__(self, config: GenerationConfig):
         path, self.model_name = resolve_model(config.model, DEFAULT_LLM)
         vllm = _import_vllm()
@@ -151,14 +164,19 @@ class VLLMBackend:
             structured_outputs=structured,
         )
 
-    def chat(self, conversations, sampling, progress=True):
+    def chat(self, conversations, sampling):
         completions: list[Completion] = [Completion()] * len(conversations)
-        for finished in self.chat_stream(conversations, sampling, len(conversations), progress):
+        for finished in self.chat_stream(conversations, sampling, len(conversations)):
             for position, completion in finished:
                 completions[position] = completion
         return completions
 
-    def chat_stream(self, conversations, sampling, window: int, progress=True):
+    def chat_batches(self, conversations, sampling, batch_size):
+        """The finished requests of each engine step, ``batch_size`` kept in flight (:meth:`chat_stream`)."""
+        for finished in self.chat_stream(conversations, sampling, batch_size):
+            yield [row for row, _ in finished], [completion for _, completion in finished]
+
+    def chat_stream(self, conversations, sampling, window: int):
         """Lists of (position, Completion) as requests finish, engine step by engine step.
 
         At most ``window`` requests are in the engine at once, and each one that finishes is
@@ -169,7 +187,7 @@ class VLLMBackend:
         engine, pending = self.llm.llm_engine, iter(range(len(conversations)))
         position: dict[str, int] = {}  # request id -> conversation
         output_tokens = 0
-        bar = tqdm(total=len(conversations), desc="LLM replies", unit="chunk", disable=not progress)
+        bar = progress_bar(total=len(conversations), desc="LLM replies", unit="chunk")
 
         def enqueue(todo: list[int]) -> None:
             internal = self.llm.enqueue_chat([conversations[i] for i in todo], params, use_tqdm=False)
@@ -220,7 +238,7 @@ def _completion(output) -> Completion:
     )
 
 
-class OpenAIBackend:
+class OpenAIBackend(LLMBackend):
     def __init__(self, config: GenerationConfig):
         openai = require("openai")
         self.model_name = config.model
@@ -262,7 +280,7 @@ class OpenAIBackend:
             finish_reason=choice.finish_reason,
         )
 
-    def chat(self, conversations, sampling, progress=True):
+    def chat(self, conversations, sampling):
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             results = pool.map(lambda conv: self._one(conv, sampling), conversations)
-            return list(tqdm(results, total=len(conversations), desc="LLM requests", disable=not progress))
+            return list(progress_bar(results, total=len(conversations), desc="LLM requests"))

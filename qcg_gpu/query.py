@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import IndexConfig
+from .answer import answer_from_chunks
+from .config import AnswerConfig, IndexConfig
 from .embedding import Embedder
 from .errors import QCGError
 from .models import DEFAULT_EMBEDDER
@@ -74,3 +75,12 @@ def describe(index: QCGIndex, ids: list[str], texts: list[str] | None, result: R
             record["trace"] = trace_query(index, queries[b], result.seed_ids[b], result.seed_sims[b], config.hops)
         records.append(record)
     return records
+
+
+def add_answers(records: list[dict], texts: list[str], index: QCGIndex, llm, config: AnswerConfig) -> None:
+    """``qcg answer``: each record gets the LLM's answer from its chunks (or the request's error)."""
+    chunk_ids = [[c["chunk_id"] for c in record["chunks"]] for record in records]
+    for record, completion in zip(records, answer_from_chunks(llm, texts, chunk_ids, index.chunk_texts(), config)):
+        record["answer"] = completion.text.strip() if not completion.error else None
+        if completion.error:
+            record["error"] = completion.error

@@ -13,16 +13,15 @@ from typing import Optional
 import numpy as np
 
 from .config import GraphConfig, NodeConfig
-from .doc2query_minus import keep_mask
 from .embedding import Embedder
 from .errors import QCGError
 from .knn import knn_graph
-from .pipeline import build_nodes
 from .retrieval import QCGIndex
+from .stages import Pairs, build_nodes
 
 
 def derive_index(index: QCGIndex, *, alpha: Optional[float] = None, knn_k: Optional[int] = None,
-                 nodes: Optional[str] = None, embedder: Optional[Embedder] = None, progress: bool = False) -> QCGIndex:
+                 nodes: Optional[str] = None, embedder: Optional[Embedder] = None) -> QCGIndex:
     """``index`` rebuilt from its stored pairs with other settings (None keeps the index's own)."""
     settings = copy.deepcopy(index.manifest["settings"])
     alpha = settings["nodes"]["alpha"] if alpha is None else alpha
@@ -34,8 +33,8 @@ def derive_index(index: QCGIndex, *, alpha: Optional[float] = None, knn_k: Optio
     if nodes == own["nodes"] and (nodes == "sentence" or alpha == own["alpha"]):
         node_emb, node_chunk = index.node_embeddings, index.node_chunk  # same nodes: only the graph changes
     else:
-        node_emb, node_chunk = _rebuild_nodes(index, alpha, nodes, embedder, progress)
-    graph = knn_graph(node_emb, knn_k, settings["graph"]["knn_backend"], settings["nodes"]["device"], progress)
+        node_emb, node_chunk = _rebuild_nodes(index, alpha, nodes, embedder)
+    graph = knn_graph(node_emb, knn_k, settings["graph"]["knn_backend"], settings["nodes"]["device"])
 
     settings["nodes"].update(alpha=alpha, nodes=nodes)
     settings["graph"]["knn_k"] = knn_k
@@ -46,20 +45,14 @@ def derive_index(index: QCGIndex, *, alpha: Optional[float] = None, knn_k: Optio
     return variant
 
 
-def _rebuild_nodes(index: QCGIndex, alpha: float, nodes: str, embedder: Optional[Embedder], progress: bool):
+def _rebuild_nodes(index: QCGIndex, alpha: float, nodes: str, embedder: Optional[Embedder]):
     """Nodes and embeddings from the stored pairs re-filtered at ``alpha`` (or the chunks' sentences)."""
     if nodes != "qa" and embedder is None:
         raise QCGError(f"node text {nodes!r} needs an embedder to embed the new nodes")
-    table = index.table("pairs")
-    pairs = {
-        "chunk_id": table.column("chunk_id").to_numpy().astype(np.int64),
-        "gen_index": table.column("gen_index").to_numpy().astype(np.int64),
-        "question": table.column("question").to_pylist(),
-        "answer": table.column("answer").to_pylist(),
-    }
-    if nodes != "sentence" and not len(pairs["chunk_id"]):
+    pairs = Pairs.from_table(index.table("pairs"))
+    if nodes != "sentence" and not len(pairs):
         raise QCGError(f"{index.path} holds no generated pairs (built with --nodes sentence?); only the sentence variant applies")
-    pairs["kept"] = keep_mask(pairs["chunk_id"], pairs["gen_index"], table.column("score").to_numpy(), alpha)
+    pairs.select(alpha)
     pair_emb = np.asarray(index.array("pair_embeddings"), dtype=np.float32)
-    node_set, node_emb = build_nodes(nodes, index.chunk_texts(), pairs, pair_emb, embedder, progress)
+    node_set, node_emb = build_nodes(nodes, index.chunk_texts(), pairs, pair_emb, embedder)
     return node_emb, np.asarray(node_set.chunk_id, dtype=np.int64)

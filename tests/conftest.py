@@ -61,7 +61,7 @@ def small_index(tmp_path_factory, vllm_backend, embedder) -> Path:
     config.generation.m = 4
     config.generation.cache = str(root / "cache.sqlite")
     config.nodes.device = "cpu"
-    build_index(docs, root / "index", config, llm=vllm_backend, embedder=embedder, progress=False)
+    build_index(docs, root / "index", config, llm=vllm_backend, embedder=embedder)
     return root / "index"
 
 

@@ -45,7 +45,7 @@ def _config(chunk_tokens: int) -> IndexConfig:
 def test_readers_keep_a_consistent_version_while_rebuilds_publish(tmp_path, embedder):
     docs = sample_docs(tmp_path / "docs", 4)
     index, stop = tmp_path / "index", tmp_path / "stop"
-    build_index(docs, index, _config(64), embedder=embedder, progress=False)
+    build_index(docs, index, _config(64), embedder=embedder)
     ready = [tmp_path / f"ready{i}" for i in range(3)]
     readers = [subprocess.Popen([sys.executable, "-c", READER, str(index), str(stop), str(flag)], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True) for flag in ready]
@@ -55,7 +55,7 @@ def test_readers_keep_a_consistent_version_while_rebuilds_publish(tmp_path, embe
             assert all(reader.poll() is None for reader in readers), "a reader died before its first query"
             time.sleep(0.1)
         for round_ in range(6):  # alternate chunk sizes, so versions differ in their chunk counts
-            build_index(docs, index, _config(200 if round_ % 2 == 0 else 64), overwrite=True, embedder=embedder, progress=False)
+            build_index(docs, index, _config(200 if round_ % 2 == 0 else 64), overwrite=True, embedder=embedder)
     finally:
         stop.touch()
         outputs = [reader.communicate(timeout=120) for reader in readers]

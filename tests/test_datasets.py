@@ -128,7 +128,7 @@ def test_multihop_rag_fixture(tmp_path):
 
 
 def test_limit_per_type_takes_the_first_of_each_type(tmp_path):
-    from qcg_gpu.evaluate import EvalConfig
+    from qcg_gpu.config import EvalConfig
 
     path = tmp_path / "q.jsonl"
     path.write_text("".join(json.dumps({"question": f"Q{i}?", "type": t, "evidence_doc_ids": ["d"]}) + "\n"

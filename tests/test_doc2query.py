@@ -1,8 +1,9 @@
+import dataclasses
 import json
 
 import pytest
 
-from qcg_gpu.config import GenerationConfig
+from qcg_gpu.config import GenerationConfig, result_fields
 from qcg_gpu.errors import QCGError
 from qcg_gpu.doc2query import build_conversation, cache_key, pairs_schema, parse_pairs, sampling_spec
 
@@ -87,6 +88,28 @@ def test_cache_key_depends_on_everything_that_decides_the_reply():
     assert key == cache_key("text", "model", GenerationConfig(batch_chunks=3, concurrency=2))
     assert key != cache_key("text", "model", GenerationConfig(prompt="self-contained"))
     assert key != cache_key("text", "model", GenerationConfig(compact_json=True))
+
+
+def _another_value(f, value):
+    """A valid value of field ``f`` other than ``value``."""
+    if f.metadata.get("choices"):
+        return next(c for c in f.metadata["choices"] if c != value)
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    return "other" if value is None or isinstance(value, str) else None
+
+
+def test_cache_key_follows_what_the_config_marks_as_changing_results():
+    """Every generation field marked as changing results changes the key; every runtime field leaves it."""
+    base, results = GenerationConfig(), set(result_fields(GenerationConfig))
+    key = cache_key("text", "model", base)
+    for f in dataclasses.fields(base):
+        if f.name == "model":  # enters the key by the name the backend reports (cache_key's model_name)
+            continue
+        changed = cache_key("text", "model", dataclasses.replace(base, **{f.name: _another_value(f, getattr(base, f.name))}))
+        assert (changed != key) == (f.name in results), f.name
 
 
 def test_keys_of_earlier_generations_still_match():

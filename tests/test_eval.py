@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from qcg_gpu.answer import AnswerConfig
+from qcg_gpu.config import AnswerConfig, EvalConfig
 from qcg_gpu.datasets import load_dataset
-from qcg_gpu.evaluate import EvalConfig, Harness, summarize, write_report
+from qcg_gpu.evaluate import Harness, summarize, write_report
 from qcg_gpu.index_format import load_array, load_table
 from qcg_gpu.llm import Completion
 from qcg_gpu.metrics import evidence_recall
@@ -62,8 +62,8 @@ class FaultyJudge:
     def __init__(self, backend):
         self.backend, self.model_name = backend, backend.model_name
 
-    def chat(self, conversations, sampling, progress=True):
-        completions = self.backend.chat(conversations, sampling, progress)
+    def chat(self, conversations, sampling):
+        completions = self.backend.chat(conversations, sampling)
         if len(completions) >= 2:
             completions[0] = Completion(text="I cannot grade this.")
             completions[1] = Completion(error="timed out")
@@ -76,7 +76,7 @@ def test_eval_answers_judges_and_reports(small_index, questions_file, vllm_backe
     assert {"20260105_1400", "20260106_0900"} <= doc_ids
     evalset = load_dataset("jsonl", questions_file)
     harness = Harness(index, evalset, embedder, RetrievalConfig(gamma=1.0), AnswerConfig(max_answer_tokens=48),
-                      llm=vllm_backend, judge_llm=FaultyJudge(vllm_backend), progress=False)
+                      llm=vllm_backend, judge_llm=FaultyJudge(vllm_backend))
     evaluation = harness.run(EvalConfig(methods="naive,d2q,d2q-minus,qcg,qcg-q", sweeps="hops,knn"))
 
     records = evaluation.records
@@ -158,7 +158,7 @@ class Unreachable:
     def __init__(self):
         self.asked = 0
 
-    def chat(self, conversations, sampling, progress=True):
+    def chat(self, conversations, sampling):
         self.asked += 1
         return [Completion(error="APIConnectionError: connection refused") for _ in conversations]
 
@@ -166,7 +166,7 @@ class Unreachable:
 def test_failed_answers_count_as_incorrect_never_as_abstentions(small_index, questions_file, embedder):
     llm = Unreachable()
     harness = Harness(QCGIndex.load(small_index), load_dataset("jsonl", questions_file), embedder, RetrievalConfig(gamma=1.0),
-                      llm=llm, progress=False)
+                      llm=llm)
     records = harness.run(EvalConfig(methods="naive")).records
     assert llm.asked == 1  # one batched answering call, no judge call for failed answers
     assert all(r["error"].startswith("APIConnectionError") and not r["abstained"] for r in records)
@@ -176,7 +176,7 @@ def test_failed_answers_count_as_incorrect_never_as_abstentions(small_index, que
 def test_answers_without_judging_leave_every_judge_value_empty(small_index, questions_file, vllm_backend, embedder):
     """With judging off no question is judged, Null ones included: the judge column must not hold Null questions alone."""
     harness = Harness(QCGIndex.load(small_index), load_dataset("jsonl", questions_file), embedder, RetrievalConfig(gamma=1.0),
-                      llm=vllm_backend, progress=False)
+                      llm=vllm_backend)
     records = harness.run(EvalConfig(methods="naive", judge=False)).records
     assert [r["type"] for r in records] == ["single", "single", "null"]
     assert all(np.isnan(r["judge"]) for r in records)

@@ -51,19 +51,19 @@ def assert_same_index(got, want):
 def test_sentence_nodes_add_and_remove_equal_rebuilds(tmp_path, embedder):
     old, new, every = _split_docs(tmp_path, 3, 3)
     config = _config(tmp_path, nodes="sentence")
-    build_index(old, tmp_path / "grown", config, embedder=embedder, progress=False)
-    add_documents(tmp_path / "grown", new, config, embedder=embedder, progress=False)
-    build_index(every, tmp_path / "full", config, embedder=embedder, progress=False)
+    build_index(old, tmp_path / "grown", config, embedder=embedder)
+    add_documents(tmp_path / "grown", new, config, embedder=embedder)
+    build_index(every, tmp_path / "full", config, embedder=embedder)
     assert_same_index(tmp_path / "grown", tmp_path / "full")
 
     removed = sorted(p.stem for p in new.glob("*.txt"))[:1] + sorted(p.stem for p in old.glob("*.txt"))[:1]
-    remove_documents(tmp_path / "grown", removed, progress=False)
+    remove_documents(tmp_path / "grown", removed)
     rest = tmp_path / "rest"
     rest.mkdir()
     for path in every.glob("*.txt"):
         if path.stem not in removed:
             shutil.copy(path, rest / path.name)
-    build_index(rest, tmp_path / "rest_index", config, embedder=embedder, progress=False)
+    build_index(rest, tmp_path / "rest_index", config, embedder=embedder)
     assert_same_index(tmp_path / "grown", tmp_path / "rest_index")
     history = read_manifest(tmp_path / "grown")["history"]
     assert [h["op"] for h in history] == ["add", "remove"]
@@ -73,15 +73,15 @@ def test_sentence_nodes_add_and_remove_equal_rebuilds(tmp_path, embedder):
 def test_pair_nodes_add_generates_only_new_chunks_and_equals_a_rebuild(tmp_path, vllm_backend, embedder):
     old, new, every = _split_docs(tmp_path, 3, 2)
     config = _config(tmp_path)
-    build_index(old, tmp_path / "grown", config, llm=vllm_backend, embedder=embedder, progress=False)
+    build_index(old, tmp_path / "grown", config, llm=vllm_backend, embedder=embedder)
     llm = Recording(vllm_backend)
-    summary = add_documents(tmp_path / "grown", new, config, llm=llm, embedder=embedder, progress=False)
+    summary = add_documents(tmp_path / "grown", new, config, llm=llm, embedder=embedder)
     assert llm.asked == [summary.chunks] and summary.generated_chunks == summary.chunks > 0
-    build_index(every, tmp_path / "full", config, llm=vllm_backend, embedder=embedder, progress=False)  # from the cache
+    build_index(every, tmp_path / "full", config, llm=vllm_backend, embedder=embedder)  # from the cache
     assert_same_index(tmp_path / "grown", tmp_path / "full")
 
     doomed = sorted(p.stem for p in old.glob("*.txt"))[1]
-    remove_documents(tmp_path / "full", [doomed], progress=False)
+    remove_documents(tmp_path / "full", [doomed])
     pairs, nodes = load_table(tmp_path / "full", "pairs"), load_table(tmp_path / "full", "nodes")
     kept_rows = np.flatnonzero(pairs.column("kept").to_numpy(zero_copy_only=False))
     assert nodes.column("source_index").to_pylist() == kept_rows.tolist()  # nodes still name their pairs rows
@@ -94,32 +94,32 @@ def test_failed_generation_leaves_the_index_unchanged(tmp_path, vllm_backend, em
 
     old, new, _ = _split_docs(tmp_path, 2, 2)
     config = _config(tmp_path)
-    build_index(old, tmp_path / "idx", config, llm=vllm_backend, embedder=embedder, progress=False)
+    build_index(old, tmp_path / "idx", config, llm=vllm_backend, embedder=embedder)
     before = read_manifest(tmp_path / "idx")
     broken = Recording(vllm_backend, fault=lambda i, c: Completion("", 0, 0, "error", error="HTTP 500") if i == 0 else c)
     with pytest.raises(QCGError, match="no LLM reply.*unchanged"):
-        add_documents(tmp_path / "idx", new, config, llm=broken, embedder=embedder, progress=False)
+        add_documents(tmp_path / "idx", new, config, llm=broken, embedder=embedder)
     assert read_manifest(tmp_path / "idx") == before
     llm = Recording(vllm_backend)
-    add_documents(tmp_path / "idx", new, config, llm=llm, embedder=embedder, progress=False)
+    add_documents(tmp_path / "idx", new, config, llm=llm, embedder=embedder)
     assert llm.asked == [1]  # only the chunk that failed; the other reply was cached
 
 
 def test_bad_updates_are_refused(tmp_path, embedder):
     old, new, _ = _split_docs(tmp_path, 2, 1)
     config = _config(tmp_path, nodes="sentence")
-    build_index(old, tmp_path / "idx", config, embedder=embedder, progress=False)
+    build_index(old, tmp_path / "idx", config, embedder=embedder)
     before = read_manifest(tmp_path / "idx")
     with pytest.raises(QCGError, match="in the index already"):
-        add_documents(tmp_path / "idx", old, config, embedder=embedder, progress=False)
+        add_documents(tmp_path / "idx", old, config, embedder=embedder)
     with pytest.raises(QCGError, match="not in the index"):
-        remove_documents(tmp_path / "idx", ["no-such-doc"], progress=False)
+        remove_documents(tmp_path / "idx", ["no-such-doc"])
     with pytest.raises(QCGError, match="empty index"):
-        remove_documents(tmp_path / "idx", [p.stem for p in old.glob("*.txt")], progress=False)
+        remove_documents(tmp_path / "idx", [p.stem for p in old.glob("*.txt")])
     other = _config(tmp_path, nodes="sentence")
     other.graph.knn_k = 4
     with pytest.raises(QCGError, match="knn_k=4 .*index has 2"):
-        add_documents(tmp_path / "idx", new, other, embedder=embedder, progress=False)
+        add_documents(tmp_path / "idx", new, other, embedder=embedder)
     assert read_manifest(tmp_path / "idx") == before
 
 
@@ -140,13 +140,14 @@ def test_command_line_add_and_remove(tmp_path):
 
 @pytest.mark.llm
 def test_dry_run_forecast_counts_what_the_build_spends(tmp_path, vllm_backend, embedder):
-    from qcg_gpu.forecast import forecast, measured_runs
+    from qcg_gpu.forecast import forecast
+    from qcg_gpu.throughput import measured_runs
 
     docs = sample_docs(tmp_path / "docs", 3)
     config = _config(tmp_path)
     before = forecast(docs, config)
     assert before.cached_chunks == 0 and "reference" in before.rate_source and before.seconds > 0
-    summary = build_index(docs, tmp_path / "idx", config, llm=vllm_backend, embedder=embedder, progress=False)
+    summary = build_index(docs, tmp_path / "idx", config, llm=vllm_backend, embedder=embedder)
     assert before.chunks == summary.chunks and before.documents == summary.documents
     assert before.prompt_tokens == summary.prompt_tokens  # the model's own chat template, counted like vLLM does
     assert before.output_cap >= summary.output_tokens

@@ -11,7 +11,7 @@ from qcg_gpu import build_index
 from qcg_gpu.cache import GenerationCache, stored_settings
 from qcg_gpu.config import IndexConfig
 from qcg_gpu.index_format import load_array, load_table, read_manifest
-from qcg_gpu.llm import Completion
+from qcg_gpu.llm import Completion, LLMBackend
 from qcg_gpu.nodes import split_sentences
 
 from .conftest import qcg
@@ -20,7 +20,7 @@ from .test_knn import brute_force
 pytestmark = pytest.mark.llm
 
 
-class Recording:
+class Recording(LLMBackend):
     """Passes every call to the real backend and remembers how many conversations it was asked."""
 
     def __init__(self, backend, fault=None):
@@ -28,9 +28,9 @@ class Recording:
         self.model_name = backend.model_name
         self.asked: list[int] = []
 
-    def chat(self, conversations, sampling, progress=True):
+    def chat(self, conversations, sampling):
         self.asked.append(len(conversations))
-        completions = self.backend.chat(conversations, sampling, progress)
+        completions = self.backend.chat(conversations, sampling)
         return [self.fault(i, c) if self.fault else c for i, c in enumerate(completions)]
 
 
@@ -48,7 +48,7 @@ def _config(tmp_path, **node_options) -> IndexConfig:
 @pytest.fixture
 def built(tmp_path, few_docs, vllm_backend, embedder):
     llm = Recording(vllm_backend)
-    summary = build_index(few_docs, tmp_path / "idx", _config(tmp_path), llm=llm, embedder=embedder, progress=False)
+    summary = build_index(few_docs, tmp_path / "idx", _config(tmp_path), llm=llm, embedder=embedder)
     return tmp_path / "idx", summary, llm
 
 
@@ -102,7 +102,7 @@ def test_index_on_disk_format(built, embedder):
 def test_rerun_hits_the_cache_and_rebuilds_identically(built, tmp_path, few_docs, vllm_backend, embedder):
     index, first, _ = built
     llm = Recording(vllm_backend)
-    again = build_index(few_docs, tmp_path / "idx2", _config(tmp_path), llm=llm, embedder=embedder, progress=False)
+    again = build_index(few_docs, tmp_path / "idx2", _config(tmp_path), llm=llm, embedder=embedder)
     assert llm.asked == [] and again.generated_chunks == 0 and again.cached_chunks == 4
     assert load_table(tmp_path / "idx2", "pairs").equals(load_table(index, "pairs"))
     np.testing.assert_array_equal(load_array(tmp_path / "idx2", "knn_indices"), load_array(index, "knn_indices"))
@@ -113,15 +113,15 @@ def test_stored_replies_replay_a_generation_without_loading_an_llm(built, tmp_pa
     index, _, _ = built
     config = _config(tmp_path)
     config.generation.replies_out = str(tmp_path / "replies.parquet")
-    build_index(few_docs, tmp_path / "idx2", config, llm=Recording(vllm_backend), embedder=embedder, progress=False)
+    build_index(few_docs, tmp_path / "idx2", config, llm=Recording(vllm_backend), embedder=embedder)
 
     def no_llm(_config):
         raise AssertionError("the LLM was loaded although every reply was stored")
 
-    monkeypatch.setattr("qcg_gpu.pipeline.make_backend", no_llm)
+    monkeypatch.setattr("qcg_gpu.generation.make_backend", no_llm)
     replay = _config(tmp_path / "elsewhere")  # an empty cache: every reply comes from the file
     replay.generation.replies_in = str(tmp_path / "replies.parquet")
-    summary = build_index(few_docs, tmp_path / "replayed", replay, llm=None, embedder=embedder, progress=False)
+    summary = build_index(few_docs, tmp_path / "replayed", replay, llm=None, embedder=embedder)
     assert summary.cached_chunks == 4 and "load_llm" not in summary.seconds
     assert load_table(tmp_path / "replayed", "pairs").equals(load_table(index, "pairs"))
     np.testing.assert_array_equal(load_array(tmp_path / "replayed", "knn_indices"), load_array(index, "knn_indices"))
@@ -133,7 +133,7 @@ def test_a_stored_generation_rebuilds_its_index_with_no_other_flag(tmp_path, few
     config = _config(tmp_path)
     config.generation.m, config.generation.prompt, config.chunking.chunk_tokens = 3, "self-contained", 150
     config.generation.replies_out = str(tmp_path / "replies.parquet")
-    made = build_index(few_docs, tmp_path / "made", config, llm=vllm_backend, embedder=embedder, progress=False)
+    made = build_index(few_docs, tmp_path / "made", config, llm=vllm_backend, embedder=embedder)
     stored = stored_settings(tmp_path / "replies.parquet")
     assert stored["generation"]["model"] == vllm_backend.model_name and stored["generation"]["m"] == 3
     assert stored["generation"]["prompt"] == "self-contained" and stored["chunking"]["chunk_tokens"] == 150
@@ -151,10 +151,10 @@ def test_a_stored_generation_rebuilds_its_index_with_no_other_flag(tmp_path, few
 def test_a_build_that_changes_a_stored_generations_settings_says_so(tmp_path, few_docs, vllm_backend, embedder):
     config = _config(tmp_path)
     config.generation.replies_out = str(tmp_path / "replies.parquet")
-    build_index(few_docs, tmp_path / "made", config, llm=vllm_backend, embedder=embedder, progress=False)
+    build_index(few_docs, tmp_path / "made", config, llm=vllm_backend, embedder=embedder)
     other = _config(tmp_path / "fresh")  # an empty cache of its own
     other.generation.m, other.generation.replies_in = 2, str(tmp_path / "replies.parquet")
-    summary = build_index(few_docs, tmp_path / "other", other, llm=vllm_backend, embedder=embedder, progress=False)
+    summary = build_index(few_docs, tmp_path / "other", other, llm=vllm_backend, embedder=embedder)
     assert summary.stored_chunks == 0 and summary.generated_chunks == 4
     assert any("generation.m=4" in note and "uses 2" in note for note in summary.notes)
     assert "note: " in summary.format()
@@ -165,7 +165,7 @@ def test_replies_out_is_written_while_generating(tmp_path, few_docs, vllm_backen
     config = _config(tmp_path)
     config.generation.replies_out = str(tmp_path / "replies.parquet")
     config.generation.batch_chunks = 1
-    monkeypatch.setattr("qcg_gpu.pipeline.SHARE_EVERY_S", 0.0)
+    monkeypatch.setattr("qcg_gpu.generation.SHARE_EVERY_S", 0.0)
     sizes = []
     real_export = GenerationCache.export_parquet
 
@@ -174,7 +174,7 @@ def test_replies_out_is_written_while_generating(tmp_path, few_docs, vllm_backen
         return sizes[-1]
 
     monkeypatch.setattr(GenerationCache, "export_parquet", export)
-    build_index(few_docs, tmp_path / "idx", config, llm=vllm_backend, embedder=embedder, progress=False)
+    build_index(few_docs, tmp_path / "idx", config, llm=vllm_backend, embedder=embedder)
     assert sizes[0] == 1 and sizes[-1] == 4 and sizes == sorted(sizes)
     assert pq.read_table(tmp_path / "replies.parquet").num_rows == 4
 
@@ -182,7 +182,7 @@ def test_replies_out_is_written_while_generating(tmp_path, few_docs, vllm_backen
 def test_question_nodes_reuse_generation(built, tmp_path, few_docs, vllm_backend, embedder):
     index, _, _ = built
     llm = Recording(vllm_backend)
-    build_index(few_docs, tmp_path / "q", _config(tmp_path, nodes="q"), llm=llm, embedder=embedder, progress=False)
+    build_index(few_docs, tmp_path / "q", _config(tmp_path, nodes="q"), llm=llm, embedder=embedder)
     assert llm.asked == []
     kept = [p for p in load_table(index, "pairs").to_pylist() if p["kept"]]
     assert load_table(tmp_path / "q", "nodes").column("text").to_pylist() == [p["question"] for p in kept]
@@ -192,7 +192,7 @@ def test_question_nodes_reuse_generation(built, tmp_path, few_docs, vllm_backend
 def test_sentence_nodes_need_no_llm(tmp_path, few_docs, embedder):
     # the embedder passed in batches differently from the config: the manifest records what was used
     config = _config(tmp_path, nodes="sentence", embed_batch_size=embedder.batch_size + 1)
-    summary = build_index(few_docs, tmp_path / "s", config, llm=None, embedder=embedder, progress=False)
+    summary = build_index(few_docs, tmp_path / "s", config, llm=None, embedder=embedder)
     chunks = load_table(tmp_path / "s", "chunks").column("text").to_pylist()
     nodes = load_table(tmp_path / "s", "nodes").to_pylist()
     manifest = read_manifest(tmp_path / "s")
@@ -211,7 +211,7 @@ def test_llm_faults_are_counted_and_failed_chunks_retried(tmp_path, few_docs, vl
         return completion
 
     config = _config(tmp_path)
-    summary = build_index(few_docs, tmp_path / "idx", config, llm=Recording(vllm_backend, fault), embedder=embedder, progress=False)
+    summary = build_index(few_docs, tmp_path / "idx", config, llm=Recording(vllm_backend, fault), embedder=embedder)
     assert [cid for cid, _ in summary.failed_chunks] == [1]
     assert "engine died" in summary.format()
     assert summary.dropped["malformed_json"] >= 1  # ours; a real reply cut at max_tokens may add more
@@ -221,5 +221,5 @@ def test_llm_faults_are_counted_and_failed_chunks_retried(tmp_path, few_docs, vl
     assert read_manifest(tmp_path / "idx")["counts"]["chunks_failed"] == 1
 
     llm = Recording(vllm_backend)
-    retry = build_index(few_docs, tmp_path / "idx", config, llm=llm, embedder=embedder, overwrite=True, progress=False)
+    retry = build_index(few_docs, tmp_path / "idx", config, llm=llm, embedder=embedder, overwrite=True)
     assert llm.asked == [1] and retry.generated_chunks == 1 and not retry.failed_chunks

@@ -25,7 +25,7 @@ def sound_index(tmp_path_factory, embedder):
     docs = sample_docs(root / "docs", 4)
     config = IndexConfig()
     config.nodes.nodes, config.nodes.device = "sentence", "cpu"
-    build_index(docs, root / "index", config, embedder=embedder, progress=False)
+    build_index(docs, root / "index", config, embedder=embedder)
     return root / "index"
 
 

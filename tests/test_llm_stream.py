@@ -25,7 +25,7 @@ def conversations(n: int) -> list:
 def test_stream_hands_over_every_reply_once_with_a_bounded_window(vllm_backend):
     engine = vllm_backend.llm.llm_engine
     seen, in_flight = [], []
-    for finished in vllm_backend.chat_stream(conversations(7), SAMPLING, window=3, progress=False):
+    for finished in vllm_backend.chat_stream(conversations(7), SAMPLING, window=3):
         in_flight.append(engine.get_num_unfinished_requests())
         seen += [position for position, _ in finished]
         assert all(c.error is None and c.text and c.output_tokens > 0 for _, c in finished), finished
@@ -36,13 +36,13 @@ def test_stream_hands_over_every_reply_once_with_a_bounded_window(vllm_backend):
 
 def test_stopping_early_frees_the_engine(vllm_backend):
     engine = vllm_backend.llm.llm_engine
-    stream = vllm_backend.chat_stream(conversations(6), SAMPLING, window=4, progress=False)
+    stream = vllm_backend.chat_stream(conversations(6), SAMPLING, window=4)
     first = next(stream)
     assert first and engine.has_unfinished_requests()
     stream.close()  # e.g. the caller was interrupted
     assert not engine.has_unfinished_requests()
     # the engine serves the next call as usual
-    assert [c.error for c in vllm_backend.chat(conversations(2), SAMPLING, progress=False)] == [None, None]
+    assert [c.error for c in vllm_backend.chat(conversations(2), SAMPLING)] == [None, None]
 
 
 def test_engine_failure_fails_every_unfinished_request(vllm_backend, monkeypatch):
@@ -57,7 +57,7 @@ def test_engine_failure_fails_every_unfinished_request(vllm_backend, monkeypatch
 
     monkeypatch.setattr(engine, "step", failing_step)
     handed = {}
-    for finished in vllm_backend.chat_stream(conversations(5), SAMPLING, window=2, progress=False):
+    for finished in vllm_backend.chat_stream(conversations(5), SAMPLING, window=2):
         handed.update(finished)
     assert sorted(handed) == list(range(5))  # each request once: finished, or failed with the engine's error
     failed = [c for c in handed.values() if c.error]
@@ -86,8 +86,7 @@ def test_an_engine_refuses_requests_for_the_other_json_layout(vllm_backend):
 def test_a_request_the_engine_refuses_fails_alone(vllm_backend):
     too_long = [{"role": "user", "content": "word " * (vllm_backend.llm.llm_engine.model_config.max_model_len + 100)}]
     handed = {}
-    for finished in vllm_backend.chat_stream([*conversations(2), too_long, *conversations(1)], SAMPLING, window=2,
-                                             progress=False):
+    for finished in vllm_backend.chat_stream([*conversations(2), too_long, *conversations(1)], SAMPLING, window=2):
         handed.update(finished)
     assert sorted(handed) == [0, 1, 2, 3]
     assert handed[2].error.startswith("vLLM refused the request")

@@ -9,8 +9,8 @@
 #    runs (~2 min on 2 cores). The file records the model and settings it was made with, so no other
 #    flag is needed; a second index embeds long texts truncated (the paper's setup) for comparison.
 #    The generations were made once with
-#      qcg index $DATA/docs OUT --replies-out benchmarks/lihuaworld/replies-smollm2.parquet
-#      VLLM_CPU_KVCACHE_SPACE=4 qcg index $DATA/docs OUT --model qwen2.5-coder-1.5b --m 10 --top-p 1.0 \
+#      qcg index build $DATA/docs OUT --replies-out benchmarks/lihuaworld/replies-smollm2.parquet
+#      VLLM_CPU_KVCACHE_SPACE=4 qcg index build $DATA/docs OUT --model qwen2.5-coder-1.5b --m 10 --top-p 1.0 \
 #          --repetition-penalty 1.0 --compact-json --batch-chunks 64 \
 #          --replies-out benchmarks/lihuaworld/replies-qwen2.5-coder-1.5b-partial.parquet
 #    (renamed to replies-qwen2.5-coder-1.5b.parquet once it covers every chunk).
@@ -38,8 +38,8 @@ for replies in "${GENERATIONS[@]}"; do
     fi
     work="$OUT/$name" results="benchmarks/lihuaworld/$name"
     mkdir -p "$work" "$results"
-    qcg index "$DATA/docs" "$work/index" --overwrite --quiet --replies-in "$replies" --cache "$work/replay-cache.sqlite"
-    qcg index "$DATA/docs" "$work/index-truncate" --overwrite --quiet --replies-in "$replies" \
+    qcg index build "$DATA/docs" "$work/index" --overwrite --quiet --replies-in "$replies" --cache "$work/replay-cache.sqlite"
+    qcg index build "$DATA/docs" "$work/index-truncate" --overwrite --quiet --replies-in "$replies" \
         --cache "$work/replay-cache.sqlite" --long-texts truncate
     model=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['models']['llm'])" "$work/index/manifest.json")
 

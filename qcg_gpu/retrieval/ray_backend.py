@@ -38,4 +38,4 @@ class RayBackend:
         key = f"{id(self.index)}:{config.backend}:{config.prefilter}:{config.device}"
         shards = [s for s in np.array_split(np.arange(len(queries)), len(workers)) if len(s)]
         futures = [w.search.remote(key, [ref], config, queries[s[0] : s[-1] + 1]) for w, s in zip(workers, shards)]
-        return RetrievalResult.concatenate(gather(self.cluster.ray, futures, False, "retrieve"))
+        return RetrievalResult.concatenate(gather(self.cluster.ray, futures))

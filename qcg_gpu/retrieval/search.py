@@ -11,12 +11,11 @@ from typing import Protocol
 import numpy as np
 
 from ..capabilities import WITH_TORCH, cpu_has_fast_bf16, default_device, require, with_cuda
-from ..config import RetrievalConfig
+from ..config import BASELINES, RetrievalConfig
 from ..errors import QCGError
 from .index import QCGIndex
 from .result import RetrievalResult, check_queries
 
-BASELINES = ("naive", "d2q", "d2q-minus")
 METHODS = ("qcg",) + BASELINES
 
 

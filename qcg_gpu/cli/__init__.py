@@ -1,0 +1,43 @@
+"""The ``qcg`` command, one module per subcommand (each with ``add_parser`` and ``run``):
+
+=============  ===================================================================
+``index``      ``qcg index build|add|remove|plan`` (older spellings still work)
+``query``      ``qcg query`` and ``qcg answer``
+``evaluate``   ``qcg eval``
+``check``      ``qcg check``
+``models``     ``qcg models [list|install NAME]``
+``corpus``     ``qcg corpus``
+``options``    options made from the config dataclasses, shared by the subcommands
+=============  ===================================================================
+
+Only a :class:`QCGError` (bad input or setup, a missing optional dependency included) becomes a
+one-line message; any other exception is a bug and keeps its traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import QCGError
+from ..log import quiet
+from . import check, corpus, evaluate, index, models, query
+
+SUBCOMMANDS = (index, query, evaluate, check, models, corpus)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="qcg", description="QCG-RAG batch engine")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for subcommand in SUBCOMMANDS:
+        subcommand.add_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(index.current_spelling(list(sys.argv[1:] if argv is None else argv)))
+    quiet(getattr(args, "quiet", False))  # progress bars and stage messages go through the qcg_gpu logger
+    try:
+        return args.run(args)
+    except QCGError as exc:
+        print(f"qcg: error: {exc}", file=sys.stderr)
+        return 2

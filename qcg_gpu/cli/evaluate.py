@@ -1,0 +1,89 @@
+"""``qcg eval``: retrieval (and, with an LLM, answer) metrics of methods, ablations and sweeps on a
+benchmark's questions over an index of its corpus."""
+from __future__ import annotations
+
+import dataclasses
+
+from ..config import PRESETS, AnswerConfig, EvalConfig
+from ..datasets import DATASETS
+from ..errors import QCGError
+from .options import (NO_VERIFY_HELP, add_llm_options, add_options, add_ray_options, add_retrieval_options, answering_llm, fill,
+                      ray_cluster, retrieval_config)
+
+
+def add_parser(commands) -> None:
+    evaluate = commands.add_parser("eval", help="score methods, ablations and sweeps on a benchmark",
+                                   description="Evaluate retrieval (and answers, with an LLM) on a benchmark's questions over an index of its corpus.")
+    evaluate.add_argument("--dataset", required=True, choices=DATASETS, help="question format of --data")
+    evaluate.add_argument("--data", required=True, help="lihuaworld: its directory (docs/ + questions JSON) or the questions file; "
+                          "multihop-rag: directory with corpus.json and MultiHopRAG.json; jsonl: the questions file")
+    evaluate.add_argument("--index", required=True, help="index of the dataset's corpus, made by qcg index")
+    evaluate.add_argument("--out", required=True, help="directory for results.jsonl, summary.md/.csv and sweep plots")
+    evaluate.add_argument("--compare-index", action="append", metavar="LABEL=PATH",
+                          help="another index of the same corpus (other chunking, embedder, LLM); its rows are labelled METHOD@LABEL (repeatable)")
+    evaluate.add_argument("--judge-model", help="LLM-as-judge model on the same backend (default: the answering LLM)")
+    evaluate.add_argument("--embed-device", default=None, help="torch device of the question embedder (default: cuda when present)")
+    evaluate.add_argument("--quiet", action="store_true", help="no progress bars")
+    evaluate.add_argument("--no-verify", action="store_true", help=NO_VERIFY_HELP)
+    add_options(evaluate, EvalConfig(), "evaluation options")
+    add_retrieval_options(evaluate, "the paper's retrieval settings (default: the dataset's own, when it has one)")
+    add_options(evaluate, AnswerConfig(), "answer options")
+    add_llm_options(evaluate)
+    add_ray_options(evaluate)
+    evaluate.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from ..datasets import load_dataset
+    from ..evaluate import Harness, evidence_outside, write_report
+    from ..query import index_embedder
+    from ..retrieval import QCGIndex
+
+    config = fill(EvalConfig(), args).validate()  # refuse unknown names before loading anything
+    if args.preset is None and args.dataset in PRESETS:
+        args.preset = args.dataset
+    retrieval = retrieval_config(args)
+    answer_config = fill(AnswerConfig(), args).validate()
+    compare_paths = dict(_labelled(args.compare_index))
+    evalset = load_dataset(args.dataset, args.data)
+    evalset.questions = config.select(evalset.questions)
+    index = QCGIndex.load(args.index, verify=not args.no_verify)
+    evalset.problems += evidence_outside(index, evalset)
+    compared = {label: QCGIndex.load(path, verify=not args.no_verify) for label, path in compare_paths.items()}
+    for label, other in compared.items():
+        evalset.problems += [f"[{label}] {p}" for p in evidence_outside(other, evalset)]
+    cluster = ray_cluster(args)
+    llm = judge_llm = None
+    if config.answers:
+        llm = answering_llm(args, cluster)
+        if config.judge and args.judge_model:
+            judge_llm = answering_llm(args, cluster, model=args.judge_model)
+
+    def harness(ix):
+        return Harness(ix, evalset, index_embedder(ix, args.embed_device), retrieval, answer_config, llm, judge_llm,
+                       cluster=cluster)
+
+    evaluation = harness(index).run(config)
+    for label, other in compared.items():  # the same methods on another index of the corpus; sweeps on the main one only
+        evaluation.add(harness(other).run(dataclasses.replace(config, sweeps="")), label)
+    header = {
+        "dataset": f"{args.dataset} ({args.data})", "index": args.index,
+        **{f"index @{label}": path for label, path in compare_paths.items()},
+        "index LLM": index.manifest["models"]["llm"], "embedder": index.manifest["models"]["embedder"],
+        "answering LLM": llm.model_name if llm else "none (retrieval metrics only)",
+        "judge LLM": (judge_llm or llm).model_name if llm and config.judge else "none",
+        "retrieval": dataclasses.asdict(retrieval) | {"knn_k": index.manifest["settings"]["graph"]["knn_k"]},
+    }
+    paths = write_report(evaluation, args.out, header, evalset.problems)
+    print(paths[1].read_text())
+    return 0
+
+
+def _labelled(specs: list[str] | None) -> list[tuple[str, str]]:
+    pairs = []
+    for spec in specs or []:
+        label, sep, path = spec.partition("=")
+        if not sep or not label or not path:
+            raise QCGError(f"--compare-index takes LABEL=PATH, got {spec!r}")
+        pairs.append((label, path))
+    return pairs

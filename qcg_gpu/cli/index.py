@@ -1,0 +1,142 @@
+"""``qcg index build|add|remove|plan``: build an index, add or remove documents, forecast a build.
+
+The spellings from before the subcommands still work (:func:`current_spelling`):
+``qcg index INPUT OUT``, ``qcg index --add INPUT INDEX``, ``qcg index INDEX --remove DOC_ID ...``
+and ``qcg index INPUT OUT --dry-run``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..config import IndexConfig
+from ..errors import QCGError
+from .options import add_options, add_ray_options, fill, ray_cluster
+
+ACTIONS = ("build", "add", "remove", "plan")
+INPUT_HELP = ("directory of .txt/.md files (recursive), a .jsonl file ({doc_id, text} per line) or a .parquet file "
+              "(doc_id, text columns)")
+
+
+def current_spelling(argv: list[str]) -> list[str]:
+    """``argv`` with an older ``qcg index`` spelling rewritten as its subcommand."""
+    if len(argv) < 2 or argv[0] != "index" or argv[1] in (*ACTIONS, "-h", "--help"):
+        return argv
+    rest = argv[1:]
+    if "--remove" in rest:
+        at = rest.index("--remove")
+        end = next((i for i in range(at + 1, len(rest)) if rest[i].startswith("-")), len(rest))
+        doc_ids, others = rest[at + 1 : end], rest[:at] + rest[end:]
+        positional = [i for i, token in enumerate(others) if not token.startswith("-")][:1]
+        place = positional[0] + 1 if positional else 0
+        return ["index", "remove", *others[:place], *doc_ids, *others[place:]]
+    if "--dry-run" in rest:
+        return ["index", "plan", *[token for token in rest if token != "--dry-run"]]
+    if "--add" in rest:
+        return ["index", "add", *[token for token in rest if token != "--add"]]
+    return ["index", "build", *rest]
+
+
+def add_parser(commands) -> None:
+    index = commands.add_parser(
+        "index", help="build an index, add or remove documents, or forecast a build",
+        description="Build a QCG-RAG index, or change one:\n"
+        "  qcg index build INPUT OUT           build (older spelling: qcg index INPUT OUT)\n"
+        "  qcg index add INPUT INDEX           add documents (qcg index --add INPUT INDEX)\n"
+        "  qcg index remove INDEX DOC_ID ...   remove documents (qcg index INDEX --remove DOC_ID ...)\n"
+        "  qcg index plan INPUT [OUT]          forecast chunks, LLM tokens and time (qcg index INPUT OUT --dry-run)",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    actions = index.add_subparsers(dest="action", required=True)
+
+    build = actions.add_parser("build", help="build an index of INPUT's documents into OUT")
+    build.add_argument("input", help=INPUT_HELP)
+    build.add_argument("out", help="index directory to create")
+    build.add_argument("--overwrite", action="store_true", help="replace an existing index at OUT (atomically)")
+    _add_build_options(build)
+    build.set_defaults(run=run_build)
+
+    add = actions.add_parser("add", help="add INPUT's documents to the index INDEX (pairs only for new chunks, kNN "
+                             "edges updated, not rebuilt; the index's own settings are used)")
+    add.add_argument("input", help=INPUT_HELP)
+    add.add_argument("out", metavar="index", help="the index to add to")
+    _add_build_options(add)
+    add.set_defaults(run=run_add)
+
+    remove = actions.add_parser("remove", help="remove documents from an index")
+    remove.add_argument("index", help="the index to remove from")
+    remove.add_argument("doc_ids", nargs="+", metavar="DOC_ID", help="documents to remove")
+    remove.add_argument("--quiet", action="store_true", help="no progress bars")
+    remove.set_defaults(run=run_remove)
+
+    plan = actions.add_parser("plan", help="forecast chunks, LLM tokens and generation time of a build (or, with "
+                              "--add, of adding INPUT to the index OUT), then stop")
+    plan.add_argument("input", help=INPUT_HELP)
+    plan.add_argument("out", nargs="?", help="the index the build would write (with --add: the index to add to)")
+    plan.add_argument("--add", action="store_true", help="forecast adding INPUT to the index OUT")
+    _add_build_options(plan, ray=False)
+    plan.set_defaults(run=run_plan)
+
+
+def _add_build_options(parser, ray: bool = True) -> None:
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    defaults = IndexConfig()
+    for name in IndexConfig.SECTIONS:  # unset options stay None: a stored generation's settings fill them (index_config)
+        add_options(parser, getattr(defaults, name), f"{name} options", unset_default=True)
+    if ray:
+        add_ray_options(parser)
+
+
+def index_config(args, stored_generation: bool = False) -> IndexConfig:
+    """The options given; with ``stored_generation``, options not given take the settings a
+    --replies-in file was made with, so that ``qcg index build DOCS OUT --replies-in FILE`` rebuilds its index."""
+    config = IndexConfig()
+    if stored_generation and args.replies_in and os.path.isfile(args.replies_in):  # a missing file is refused by validate()
+        from ..cache import stored_settings
+
+        config = IndexConfig.from_dict(stored_settings(args.replies_in) or {})
+    for name in IndexConfig.SECTIONS:
+        fill(getattr(config, name), args)
+    return config
+
+
+def run_build(args) -> int:
+    from ..pipeline import build_index
+
+    config = index_config(args, stored_generation=True).validate()  # refuse bad settings before starting a cluster
+    summary = build_index(args.input, args.out, config, overwrite=args.overwrite, cluster=ray_cluster(args))
+    print(summary.format())
+    return 3 if summary.failed_chunks else 0
+
+
+def run_add(args) -> int:
+    from ..incremental import add_documents, index_settings
+    from ..index_format import read_manifest
+
+    options = index_config(args)
+    index_settings(read_manifest(args.out), options)  # refuse other settings before a cluster starts
+    summary = add_documents(args.out, args.input, options, cluster=ray_cluster(args))
+    print(summary.format().replace("index written to", "documents added to", 1))
+    return 0
+
+
+def run_remove(args) -> int:
+    from ..incremental import remove_documents
+
+    summary = remove_documents(args.index, args.doc_ids)
+    print(f"removed {summary.documents} documents ({summary.chunks} chunks, {summary.nodes} nodes) from {args.index}")
+    return 0
+
+
+def run_plan(args) -> int:
+    from ..forecast import forecast
+
+    config = index_config(args, stored_generation=not args.add)
+    if args.add:
+        if not args.out:
+            raise QCGError("qcg index plan --add needs the index to add to: qcg index plan INPUT INDEX --add")
+        from ..incremental import index_settings
+        from ..index_format import read_manifest
+
+        config = index_settings(read_manifest(args.out), config)
+    print(forecast(args.input, config).format())
+    return 0

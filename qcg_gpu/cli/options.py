@@ -1,0 +1,87 @@
+"""Command-line options made from the config dataclasses (each field's help is its option's help),
+and the pieces several subcommands share."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+
+from ..config import PRESETS, GenerationConfig, RayConfig, RetrievalConfig
+from ..errors import QCGError
+
+# the part of GenerationConfig that picks and runs an LLM (qcg answer and qcg eval reuse it)
+LLM_OPTIONS = ("backend", "model", "base_url", "api_key_env", "concurrency", "max_retries", "request_timeout",
+               "max_model_len", "enforce_eager", "gpu_memory_utilization")
+RETRIEVAL_PREFIX = "retrieval_"
+NO_VERIFY_HELP = "skip checking the index files against their checksums when loading (saves a few seconds per GB)"
+
+
+def add_options(parser, section, title: str, only=None, prefix: str = "", unset_default: bool = False) -> None:
+    """One option per dataclass field; ``prefix`` keeps the dests of same-named fields apart;
+    ``unset_default`` leaves options that were not given at None (so a preset or a stored
+    generation can fill them)."""
+    group = parser.add_argument_group(title)
+    hints = typing.get_type_hints(type(section))
+    for f in dataclasses.fields(section):
+        if only and f.name not in only:
+            continue
+        flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+        kind = hints[f.name]
+        if kind is bool:
+            group.add_argument(flag, dest=prefix + f.name, action=argparse.BooleanOptionalAction,
+                               default=None if unset_default else f.default, help=f.metadata["help"])
+            continue
+        base = typing.get_args(kind)[0] if typing.get_origin(kind) is typing.Union else kind
+        group.add_argument(
+            flag, dest=prefix + f.name, metavar=None if f.metadata.get("choices") else f.name.upper(), type=base,
+            default=None if unset_default else f.default, choices=f.metadata.get("choices"),
+            help=f.metadata["help"] + (f" (default: {f.default})" if f.default is not None else ""),
+        )
+
+
+def fill(section, args: argparse.Namespace, prefix: str = ""):
+    """``section`` with the options given in ``args`` (None: not given, the section's value stays)."""
+    for f in dataclasses.fields(section):
+        if getattr(args, prefix + f.name, None) is not None:
+            setattr(section, f.name, getattr(args, prefix + f.name))
+    return section
+
+
+def add_retrieval_options(parser, preset_help: str) -> None:
+    parser.add_argument("--preset", choices=sorted(PRESETS), help=preset_help)
+    add_options(parser, RetrievalConfig(), "retrieval options", prefix=RETRIEVAL_PREFIX, unset_default=True)
+
+
+def retrieval_config(args) -> RetrievalConfig:
+    """The preset's settings, then the retrieval options given."""
+    config = RetrievalConfig(**PRESETS[args.preset]) if args.preset else RetrievalConfig()
+    return fill(config, args, RETRIEVAL_PREFIX).validate()
+
+
+def add_ray_options(parser) -> None:
+    add_options(parser, RayConfig(), "Ray options (scale-out)")
+
+
+def ray_cluster(args):
+    """The Ray cluster of --ray (connected, or started locally), else None."""
+    ray = fill(RayConfig(), args).validate()
+    if not ray.ray:
+        return None
+    from ..distributed import RayCluster
+
+    return RayCluster(ray)
+
+
+def add_llm_options(parser, title: str = "answering LLM options") -> None:
+    add_options(parser, GenerationConfig(), title, only=LLM_OPTIONS)
+
+
+def answering_llm(args, cluster=None, model: str | None = None):
+    """The answering (or, with ``model``, judging) LLM: in this process, or one engine per Ray worker."""
+    from ..llm import make_backend
+
+    generation = fill(GenerationConfig(), args)
+    generation.model = model or generation.model
+    if generation.backend == "openai" and (not generation.base_url or not generation.model):
+        raise QCGError("--backend openai needs --base-url and --model")
+    return cluster.llm(generation) if cluster else make_backend(generation)

@@ -1,0 +1,121 @@
+"""The generate stage: Doc2Query replies for every chunk, from the stored generation (``--replies-in``),
+the cache, or the LLM, and the valid pairs parsed from them.
+
+Every reply is cached the moment it arrives and ``--replies-out`` is rewritten every
+``SHARE_EVERY_S`` seconds, so a killed run loses nothing it finished and leaves its replies to share.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from . import doc2query
+from .cache import GenerationCache, generation_cache, stored_settings
+from .chunking import Chunk
+from .config import IndexConfig
+from .llm import LLMBackend, make_backend
+from .stages import IndexSummary, Pairs, stage
+from .throughput import record_throughput
+
+SHARE_EVERY_S = 30.0  # how often a generating build rewrites its --replies-out file
+
+
+def generate_pairs(chunks: list[Chunk], llm: LLMBackend | None, model_name: str, config: IndexConfig,
+                   summary: IndexSummary) -> Pairs:
+    """Pairs of every chunk: stored and cached replies reused, the rest generated (the LLM is
+    loaded only when some chunk has no reply yet)."""
+    gen = config.generation
+    settings = reply_settings(config, model_name)
+    cache = GenerationCache(generation_cache(gen))
+    keys = [doc2query.cache_key(c.text, model_name, gen) for c in chunks]
+    if gen.replies_in:
+        summary.notes += check_stored_settings(gen.replies_in, settings)
+        stored = cache.import_parquet(gen.replies_in)
+        summary.stored_chunks = sum(key in stored for key in keys)
+    replies = cache.get_many(list(set(keys)))
+    summary.cache_corrupt = cache.corrupt
+    summary.cached_chunks = sum(key in replies for key in keys)
+    missing = list(dict.fromkeys(i for i, key in enumerate(keys) if key not in replies))
+
+    last_shared = [0.0]
+
+    def share(every_s: float = 0.0):  # rewritten at most every ``every_s`` seconds while generating, and at the end
+        if gen.replies_out and time.monotonic() - last_shared[0] >= every_s:
+            cache.export_parquet(list(dict.fromkeys(k for k in keys if k in replies)), gen.replies_out, settings)
+            last_shared[0] = time.monotonic()
+
+    failed: dict[str, str] = {}
+    if missing:
+        with stage(summary, "load_llm"):
+            llm = llm or make_backend(gen)
+        with stage(summary, "generate"):
+            _generate_missing(chunks, keys, missing, llm, gen, cache, replies, failed, summary,
+                              lambda: share(every_s=SHARE_EVERY_S))
+        record_throughput(gen, model_name, summary.generated_chunks, summary.generated_output_tokens, summary.seconds["generate"],
+                          workers=getattr(llm, "workers", 1))  # a RayLLM runs one engine per worker
+    share()
+    cache.close()
+    return _parse_replies(keys, replies, failed, gen, summary)
+
+
+def reply_settings(config: IndexConfig, model_name: str) -> dict:
+    """What decided this build's replies (recorded in a stored generation), with the LLM by the name it is known by."""
+    settings = config.reply_settings()
+    settings["generation"]["model"] = model_name
+    return settings
+
+
+def check_stored_settings(path: str, settings: dict) -> list[str]:
+    """A note for each setting a stored generation was made with that this build changes (its replies will not match)."""
+    stored = stored_settings(path)
+    if stored is None:
+        return [f"{path} does not record its settings (made before qcg-gpu recorded them); replies match only under the same ones"]
+    return [f"{path} was made with {section}.{key}={value!r}, this build uses {settings[section].get(key)!r}: "
+            "chunks it affects are generated anew"
+            for section, values in stored.items() for key, value in values.items()
+            if section in settings and settings[section].get(key, value) != value]
+
+
+def _generate_missing(chunks, keys, missing, llm: LLMBackend, gen, cache: GenerationCache, replies: dict, failed: dict,
+                      summary: IndexSummary, after_batch) -> None:
+    conversations = [doc2query.build_conversation(chunks[i].text, gen.m, gen.prompt) for i in missing]
+    for rows, completions in llm.chat_batches(conversations, doc2query.sampling_spec(gen), gen.batch_chunks):
+        fresh = {}
+        for i, completion in zip((missing[r] for r in rows), completions):
+            if completion.error:
+                failed[keys[i]] = completion.error
+                continue
+            fresh[keys[i]] = {
+                "text": completion.text,
+                "prompt_tokens": completion.prompt_tokens,
+                "output_tokens": completion.output_tokens,
+                "finish_reason": completion.finish_reason,
+            }
+            summary.generated_chunks += 1
+            summary.generated_output_tokens += completion.output_tokens
+        cache.put_many(fresh)
+        replies.update(fresh)
+        after_batch()
+
+
+def _parse_replies(keys: list[str], replies: dict, failed: dict, gen, summary: IndexSummary) -> Pairs:
+    chunk_ids, gen_index, questions, answers = [], [], [], []
+    for chunk_id, key in enumerate(keys):
+        if key in failed:
+            summary.failed_chunks.append((chunk_id, failed[key]))
+            continue
+        reply = replies[key]
+        summary.prompt_tokens += int(reply.get("prompt_tokens") or 0)
+        summary.output_tokens += int(reply.get("output_tokens") or 0)
+        summary.truncated_replies += reply.get("finish_reason") == "length"
+        parsed = doc2query.parse_pairs(reply["text"], gen.m)
+        summary.dropped.update(parsed.dropped)
+        if not parsed.pairs:
+            summary.empty_chunks.append(chunk_id)
+        for number, (question, answer) in enumerate(parsed.pairs):
+            chunk_ids.append(chunk_id)
+            gen_index.append(number)
+            questions.append(question)
+            answers.append(answer)
+    return Pairs(np.array(chunk_ids, dtype=np.int64), np.array(gen_index, dtype=np.int64), questions, answers)

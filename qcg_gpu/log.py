@@ -1,0 +1,42 @@
+"""Progress and messages through ``logging``: at INFO (the default) the "qcg_gpu" logger prints
+each stage as it starts and long work shows tqdm bars; at WARNING (``qcg ... --quiet``, or
+``logging.getLogger("qcg_gpu").setLevel(logging.WARNING)`` in Python) both stay silent."""
+from __future__ import annotations
+
+import logging
+import sys
+
+from tqdm.auto import tqdm
+
+logger = logging.getLogger("qcg_gpu")
+
+
+class _TqdmHandler(logging.Handler):
+    """Writes records to stderr between progress bars instead of through them (stdout stays for results)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        tqdm.write(self.format(record), file=sys.stderr)
+
+
+if not logger.handlers:
+    _handler = _TqdmHandler()
+    _handler.setFormatter(logging.Formatter("[qcg] %(message)s"))
+    logger.addHandler(_handler)
+    logger.propagate = False  # one line per message, not a second one through the root logger
+if logger.level == logging.NOTSET:
+    logger.setLevel(logging.INFO)
+
+
+def show_progress() -> bool:
+    """Whether long work shows progress bars: the qcg_gpu logger is at INFO or below."""
+    return logger.isEnabledFor(logging.INFO)
+
+
+def progress_bar(iterable=None, disable: bool = False, **kwargs):
+    """A tqdm bar, shown when the qcg_gpu logger is at INFO or below (and ``disable`` is not set)."""
+    return tqdm(iterable, disable=disable or not show_progress(), **kwargs)
+
+
+def quiet(yes: bool = True) -> None:
+    """Silence progress and messages (WARNING), or bring them back (INFO)."""
+    logger.setLevel(logging.WARNING if yes else logging.INFO)

