@@ -8,6 +8,7 @@ cost is per new chunk either way), so synthetic vectors stand in for pairs.
     python benchmarks/bench_incremental.py                      # N = 100k, 1k and 10k nodes added
     python benchmarks/bench_incremental.py --nodes 20000 --added 500
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,11 @@ def timed(fn, *args):
 
 
 def same(a, b) -> bool:
-    return np.array_equal(a.indptr, b.indptr) and np.array_equal(a.indices, b.indices) and np.array_equal(a.scores, b.scores)
+    return (
+        np.array_equal(a.indptr, b.indptr)
+        and np.array_equal(a.indices, b.indices)
+        and np.array_equal(a.scores, b.scores)
+    )
 
 
 def main() -> None:
@@ -63,11 +68,18 @@ def main() -> None:
         shrunk, remove_s = timed(remove_nodes, full, x, keep, args.k, args.backend)
         rebuilt, rebuild_s = timed(knn_graph, x[keep], args.k, args.backend)
         row = {
-            "nodes": args.nodes, "added_or_removed": added, "k": args.k, "backend": args.backend,
-            "add_s": round(add_s, 2), "full_build_s": round(full_s, 2), "add_speedup": round(full_s / add_s, 1),
+            "nodes": args.nodes,
+            "added_or_removed": added,
+            "k": args.k,
+            "backend": args.backend,
+            "add_s": round(add_s, 2),
+            "full_build_s": round(full_s, 2),
+            "add_speedup": round(full_s / add_s, 1),
             "add_equals_rebuild": same(grown, full),
-            "remove_s": round(remove_s, 2), "rebuild_after_remove_s": round(rebuild_s, 2),
-            "remove_speedup": round(rebuild_s / remove_s, 1), "remove_equals_rebuild": same(shrunk, rebuilt),
+            "remove_s": round(remove_s, 2),
+            "rebuild_after_remove_s": round(rebuild_s, 2),
+            "remove_speedup": round(rebuild_s / remove_s, 1),
+            "remove_equals_rebuild": same(shrunk, rebuilt),
         }
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -5,6 +5,7 @@ prompts with the same sampling, measured side by side in one process.
     python benchmarks/bench_index.py --limit 40 --m 20          # ~10 min on 2 CPU cores
     python benchmarks/bench_index.py --docs PATH --model MODEL   # any corpus / model (GPU: vllm)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,7 +58,11 @@ def main() -> None:
         (docs / f"{path.parent.name}_{path.name}").write_text(path.read_text())
 
     tokenizer = load_tokenizer(config.chunking.tokenizer)
-    chunks = [c for d in read_documents(docs, SkipLog()) for c in chunk_document(d.doc_id, d.pieces(), tokenizer, config.chunking)]
+    chunks = [
+        c
+        for d in read_documents(docs, SkipLog())
+        for c in chunk_document(d.doc_id, d.pieces(), tokenizer, config.chunking)
+    ]
     conversations = [doc2query.build_conversation(c.text, args.m) for c in chunks]
 
     start = time.perf_counter()
@@ -81,7 +86,10 @@ def main() -> None:
         "stage_seconds": {k: round(v, 2) for k, v in summary.seconds.items()},
         "pipeline_output_tokens": summary.generated_output_tokens,
         "pipeline_tokens_per_s": round(summary.generation_tokens_per_s, 1),
-        "bare_runs": [{"seconds": round(bare_s, 2), "output_tokens": bare_tokens}, {"seconds": round(bare2_s, 2), "output_tokens": bare2_tokens}],
+        "bare_runs": [
+            {"seconds": round(bare_s, 2), "output_tokens": bare_tokens},
+            {"seconds": round(bare2_s, 2), "output_tokens": bare2_tokens},
+        ],
         "bare_tokens_per_s": round(bare_rate, 1),
         "ratio_pipeline_to_bare": round(summary.generation_tokens_per_s / bare_rate, 3),
         "pairs_valid": summary.pairs_valid,

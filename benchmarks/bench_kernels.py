@@ -5,6 +5,7 @@ side in one run: torch's gather + einsum (what the torch backend did before), ``
     python benchmarks/bench_kernels.py                       # CPU: einsum vs the numba twin
     python benchmarks/bench_kernels.py --device cuda         # GPU: einsum vs the Triton kernel
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--nodes", type=int, default=1_000_000)
     parser.add_argument("--queries", type=int, default=4096, help="one GPU tile")
-    parser.add_argument("--selected", type=int, default=140, help="nodes per query (n = 20 seeds, 2 hops of k = 2: <= 140)")
+    parser.add_argument(
+        "--selected", type=int, default=140, help="nodes per query (n = 20 seeds, 2 hops of k = 2: <= 140)"
+    )
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
 
@@ -48,10 +51,15 @@ def main() -> None:
         einsum = lambda: torch.einsum("bld,bd->bl", t_nodes[t_ids], t_queries)  # noqa: E731
         kernel = lambda: gather_dot(t_nodes, t_queries, t_ids)  # noqa: E731
         einsum(), kernel()  # compile, warm up
-        row = {"device": args.device, "nodes": args.nodes, "queries": args.queries, "selected": args.selected,
-               "einsum_ms": round(best_of(args.repeat, einsum, args.device) * 1e3, 2),
-               "gather_dot_ms": round(best_of(args.repeat, kernel, args.device) * 1e3, 2),
-               "max_abs_diff": float((einsum() - kernel()).abs().max())}
+        row = {
+            "device": args.device,
+            "nodes": args.nodes,
+            "queries": args.queries,
+            "selected": args.selected,
+            "einsum_ms": round(best_of(args.repeat, einsum, args.device) * 1e3, 2),
+            "gather_dot_ms": round(best_of(args.repeat, kernel, args.device) * 1e3, 2),
+            "max_abs_diff": float((einsum() - kernel()).abs().max()),
+        }
     if args.device == "cpu":
         gather_dot_cpu(nodes, queries, ids)
         row["numba_twin_ms"] = round(best_of(args.repeat, lambda: gather_dot_cpu(nodes, queries, ids), "cpu") * 1e3, 2)

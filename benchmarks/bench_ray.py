@@ -9,11 +9,13 @@ Each measurement runs once in one process and once on a local Ray cluster (``--w
 2. ``qcg index`` with q+a nodes over ``--llm-limit`` documents, fresh caches (both generate every chunk),
    greedy decoding (``--temperature 0``) so that both runs write about the same replies: with sampling,
    one reply that runs on to ``max_tokens`` in one run and not in the other decides the comparison;
-3. retrieval of ``--queries`` queries over ``bench_retrieval.py``'s synthetic index of ``--nodes`` nodes, in this process.
+3. retrieval of ``--queries`` queries over ``bench_retrieval.py``'s synthetic index of ``--nodes`` nodes,
+   in this process.
 
 Builds run as the commands a user types, in fresh processes, so the Ray rows include starting the
 cluster and its workers. Both builds must write the same index (checked: data files byte for byte).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +28,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from bench_retrieval import make_queries, synthetic_index  # this folder: the retrieval benchmark's index and queries
+
 from qcg_gpu.index_format import read_manifest
 from qcg_gpu.retrieval import RetrievalConfig, Retriever
 
@@ -43,31 +45,51 @@ def copy_docs(source: Path, target: Path, limit: int) -> Path:
 
 def timed_build(docs: Path, out: Path, options: list[str]) -> dict:
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "qcg_gpu.cli", "index", str(docs), str(out), "--quiet", *options],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "qcg_gpu.cli", "index", str(docs), str(out), "--quiet", *options],
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"qcg index {' '.join(options)} failed:\n{done.stderr[-3000:]}")
     manifest = read_manifest(out)
-    row = {"wall_s": round(wall, 2), "stages_s": {k: round(v, 2) for k, v in manifest["stage_seconds"].items()},
-           "chunks": manifest["counts"]["chunks"], "nodes": manifest["counts"]["nodes"]}
+    row = {
+        "wall_s": round(wall, 2),
+        "stages_s": {k: round(v, 2) for k, v in manifest["stage_seconds"].items()},
+        "chunks": manifest["counts"]["chunks"],
+        "nodes": manifest["counts"]["nodes"],
+    }
     generated = manifest["llm_tokens"]["generated_output_this_run"]
     if generated:
-        row |= {"output_tokens": generated, "output_tok_per_s": round(generated / manifest["stage_seconds"]["generate"], 1)}
+        row |= {
+            "output_tokens": generated,
+            "output_tok_per_s": round(generated / manifest["stage_seconds"]["generate"], 1),
+        }
     return row
 
 
 def same_data(a: Path, b: Path) -> bool:
     da, db = a / read_manifest(a)["data_dir"], b / read_manifest(b)["data_dir"]
     names = sorted(p.name for p in da.iterdir())
-    return names == sorted(p.name for p in db.iterdir()) and all((da / n).read_bytes() == (db / n).read_bytes() for n in names)
+    return names == sorted(p.name for p in db.iterdir()) and all(
+        (da / n).read_bytes() == (db / n).read_bytes() for n in names
+    )
 
 
 def compare_builds(name: str, docs: Path, work: Path, options: list[str], workers: int) -> dict:
     one = timed_build(docs, work / f"{name}-one", options + ["--cache", str(work / f"{name}-one.sqlite")])
-    ray = timed_build(docs, work / f"{name}-ray", options + ["--cache", str(work / f"{name}-ray.sqlite"),
-                                                              "--ray", "--ray-workers", str(workers)])
-    row = {"what": f"build, {name}", "one_process": one, "ray": ray, "ray_over_one": round(ray["wall_s"] / one["wall_s"], 2)}
+    ray = timed_build(
+        docs,
+        work / f"{name}-ray",
+        options + ["--cache", str(work / f"{name}-ray.sqlite"), "--ray", "--ray-workers", str(workers)],
+    )
+    row = {
+        "what": f"build, {name}",
+        "one_process": one,
+        "ray": ray,
+        "ray_over_one": round(ray["wall_s"] / one["wall_s"], 2),
+    }
     if name == "sentence":  # no LLM: the same index expected byte for byte
         row["identical"] = same_data(work / f"{name}-one", work / f"{name}-ray")
     return row
@@ -96,10 +118,16 @@ def compare_retrieval(n: int, b: int, workers: int) -> dict:
         got = on_ray.search(q)
         times.append(time.perf_counter() - start)
     same = all(np.array_equal(getattr(got, f), getattr(want, f)) for f in ("chunk_ids", "scores", "seed_ids"))
-    return {"what": f"retrieval, N={n}, B={b}", "one_process_first_call_s": round(one_first, 2),
-            "one_process_next_call_s": round(one, 2), "ray_connect_s": round(connect, 2),
-            "ray_first_call_s": round(times[0], 2), "ray_next_call_s": round(times[1], 2),
-            "ray_over_one": round(times[1] / one, 2), "identical": same}
+    return {
+        "what": f"retrieval, N={n}, B={b}",
+        "one_process_first_call_s": round(one_first, 2),
+        "one_process_next_call_s": round(one, 2),
+        "ray_connect_s": round(connect, 2),
+        "ray_first_call_s": round(times[0], 2),
+        "ray_next_call_s": round(times[1], 2),
+        "ray_over_one": round(times[1] / one, 2),
+        "identical": same,
+    }
 
 
 def main() -> None:
@@ -120,12 +148,26 @@ def main() -> None:
     common = ["--device", "cpu"]
     rows = []
     if "sentence" in parts:
-        rows.append(compare_builds("sentence", copy_docs(args.docs, work / "docs", args.limit), work,
-                                   common + ["--nodes", "sentence"], args.workers))
+        rows.append(
+            compare_builds(
+                "sentence",
+                copy_docs(args.docs, work / "docs", args.limit),
+                work,
+                common + ["--nodes", "sentence"],
+                args.workers,
+            )
+        )
         print(json.dumps(rows[-1]), flush=True)
     if "llm" in parts:
-        rows.append(compare_builds("q+a", copy_docs(args.docs, work / "llm-docs", args.llm_limit), work,
-                                   common + ["--m", str(args.m), "--temperature", "0"], args.workers))
+        rows.append(
+            compare_builds(
+                "q+a",
+                copy_docs(args.docs, work / "llm-docs", args.llm_limit),
+                work,
+                common + ["--m", str(args.m), "--temperature", "0"],
+                args.workers,
+            )
+        )
         print(json.dumps(rows[-1]), flush=True)
     if "retrieval" in parts:
         rows.append(compare_retrieval(args.nodes, args.queries, args.workers))

@@ -7,6 +7,7 @@ get the same index and queries; results are checked equal on the looped queries.
     python benchmarks/bench_retrieval.py                       # N = 10k, 100k, 1M; B = 1000, 10000
     python benchmarks/bench_retrieval.py --nodes 100000 --batch 1000 --backends numpy:off numpy:bf16
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,9 @@ def synthetic_index(n_nodes: int, k: int = 2, nodes_per_chunk: int = 16, seed: i
     for start in range(0, n_nodes, 65536):
         part = slice(start, min(start + 65536, n_nodes))
         count = part.stop - part.start
-        x[part] = centers[rng.integers(0, len(centers), count)] + 0.7 * rng.standard_normal((count, DIM), dtype=np.float32)
+        x[part] = centers[rng.integers(0, len(centers), count)] + 0.7 * rng.standard_normal(
+            (count, DIM), dtype=np.float32
+        )
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     indices = rng.integers(0, n_nodes - 1, (n_nodes, k))
     indices += indices >= np.arange(n_nodes)[:, None]  # no self-loops
@@ -48,7 +51,9 @@ def make_queries(index: QCGIndex, b: int, seed: int = 1) -> np.ndarray:
     """Perturbed nodes: cosine ~0.8 to their source node and ~0.5 to its cluster, so that
     gamma = 1.5 selects seeds as on real data."""
     rng = np.random.default_rng(seed)
-    q = index.node_embeddings[rng.integers(0, len(index.node_embeddings), b)] + 0.04 * rng.standard_normal((b, DIM), dtype=np.float32)
+    q = index.node_embeddings[rng.integers(0, len(index.node_embeddings), b)] + 0.04 * rng.standard_normal(
+        (b, DIM), dtype=np.float32
+    )
     return (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
 
 
@@ -91,7 +96,11 @@ def gemm_seconds(index: QCGIndex, queries: np.ndarray, backend: str, prefilter: 
 
     dtype = torch.bfloat16 if prefilter else torch.float32
     nodes, q = torch.from_numpy(index.node_embeddings).to(device, dtype), torch.from_numpy(queries).to(device, dtype)
-    rows, cols = BF16_TILE if backend == "numpy" else (tile_rows(n_nodes, 4096 if device.startswith("cuda") else 256, 1 << 28), n_nodes)
+    rows, cols = (
+        BF16_TILE
+        if backend == "numpy"
+        else (tile_rows(n_nodes, 4096 if device.startswith("cuda") else 256, 1 << 28), n_nodes)
+    )
     _sync(device)
     start = time.perf_counter()
     for s in range(0, len(q), rows):
@@ -112,8 +121,17 @@ def best_of(repeat: int, fn, *args):
     return best
 
 
-def side_by_side(repeat: int, retriever, index: QCGIndex, queries: np.ndarray, looped: np.ndarray,
-                 config: RetrievalConfig, backend: str, bf16: bool, device: str) -> dict:
+def side_by_side(
+    repeat: int,
+    retriever,
+    index: QCGIndex,
+    queries: np.ndarray,
+    looped: np.ndarray,
+    config: RetrievalConfig,
+    backend: str,
+    bf16: bool,
+    device: str,
+) -> dict:
     """Each repetition times the per-query loop, the GEMM alone and the batched search one after
     the other; the GEMM share and the speedup are the medians of those side-by-side ratios (this
     machine's speed drifts by 2x between minutes, so separate best-of runs can catch it in
@@ -127,8 +145,14 @@ def side_by_side(repeat: int, retriever, index: QCGIndex, queries: np.ndarray, l
         search.append(seconds)
         shares.append(gemm[-1] / search[-1])
         speedups.append((loop[-1] / len(looped)) / (search[-1] / len(queries)))
-    return {"result": result, "search": min(search), "gemm": min(gemm), "loop": min(loop),
-            "gemm_share": float(np.median(shares)), "speedup": float(np.median(speedups))}
+    return {
+        "result": result,
+        "search": min(search),
+        "gemm": min(gemm),
+        "loop": min(loop),
+        "gemm_share": float(np.median(shares)),
+        "speedup": float(np.median(speedups)),
+    }
 
 
 def search_synced(retriever, queries, device: str):
@@ -159,11 +183,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--batch", type=int, nargs="+", default=[1000, 10_000])
-    parser.add_argument("--backends", nargs="+", default=["numpy:off", "numpy:bf16", "torch:off", "torch:bf16"],
-                        help="backend[:prefilter], prefilter off (float32 GEMM), bf16 or auto")
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        default=["numpy:off", "numpy:bf16", "torch:off", "torch:bf16"],
+        help="backend[:prefilter], prefilter off (float32 GEMM), bf16 or auto",
+    )
     parser.add_argument("--device", default="cpu", help="torch device of the torch backend (cuda on a GPU machine)")
-    parser.add_argument("--repeat", type=int, default=3, help="repetitions: rates are the best, ratios the median of side-by-side runs")
-    parser.add_argument("--loop-queries", type=int, default=200, help="queries timed in the per-query loop (its rate is per query)")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="repetitions: rates are the best, ratios the median of side-by-side runs"
+    )
+    parser.add_argument(
+        "--loop-queries", type=int, default=200, help="queries timed in the per-query loop (its rate is per query)"
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "bench_retrieval.json")
     args = parser.parse_args()
 
@@ -184,9 +216,14 @@ def main() -> None:
             bf16 = use_prefilter(RetrievalConfig(**options), args.device)
             for b in args.batch:
                 queries = queries_all[:b]
-                timing = side_by_side(args.repeat, retriever, index, queries, looped, config, backend, bf16, args.device)
+                timing = side_by_side(
+                    args.repeat, retriever, index, queries, looped, config, backend, bf16, args.device
+                )
                 row = {
-                    "nodes": n_nodes, "batch": b, "backend": backend, "gemm": "bf16 prefilter" if bf16 else "float32",
+                    "nodes": n_nodes,
+                    "batch": b,
+                    "backend": backend,
+                    "gemm": "bf16 prefilter" if bf16 else "float32",
                     "queries_per_s": round(b / timing["search"], 1),
                     "loop_queries_per_s": round(len(looped) / timing["loop"], 1),
                     "speedup_vs_loop": round(timing["speedup"], 1),

@@ -12,6 +12,7 @@ chunk sums) across queries, so nothing of size N is cleared per query.
 ``rank_query`` is the per-query step; the bf16 path calls it from
 ``prefilter_cpu.rescore_and_rank`` right after a query's seeds are rescored.
 """
+
 from __future__ import annotations
 
 import numba
@@ -26,8 +27,14 @@ PREFETCH_DISTANCE = 2  # rows ahead (measured: 2 is as good as 3-8 and better th
 def new_scratch(n_nodes, n_chunks):
     """One thread's work arrays for ``rank_query``, kept across its queries: nothing of size N is cleared per query.
     (visit stamps of nodes and chunks, chunk sums and counts, Q* in visit order, chunks touched)"""
-    return (np.zeros(n_nodes, dtype=np.int32), np.zeros(n_chunks, dtype=np.int32), np.zeros(n_chunks, dtype=np.float64),
-            np.zeros(n_chunks, dtype=np.int64), np.empty(n_nodes, dtype=np.int64), np.empty(n_chunks, dtype=np.int64))
+    return (
+        np.zeros(n_nodes, dtype=np.int32),
+        np.zeros(n_chunks, dtype=np.int32),
+        np.zeros(n_chunks, dtype=np.float64),
+        np.zeros(n_chunks, dtype=np.int64),
+        np.empty(n_nodes, dtype=np.int64),
+        np.empty(n_chunks, dtype=np.int64),
+    )
 
 
 @numba.njit(inline="always")
@@ -101,6 +108,17 @@ def expand_and_rank(seed_ids, indptr, indices, nodes, queries, node_chunk, n_chu
     for t in numba.prange(n_threads):
         scratch = new_scratch(nodes.shape[0], n_chunks)
         for b in range(t, n_queries, n_threads):
-            out_selected[b] = rank_query(np.int32(b + 1), seed_ids[b], queries[b], indptr, indices, nodes, node_chunk, hops,
-                                         scratch, out_chunks[b], out_scores[b])
+            out_selected[b] = rank_query(
+                np.int32(b + 1),
+                seed_ids[b],
+                queries[b],
+                indptr,
+                indices,
+                nodes,
+                node_chunk,
+                hops,
+                scratch,
+                out_chunks[b],
+                out_scores[b],
+            )
     return out_chunks, out_scores, out_selected

@@ -14,6 +14,7 @@ kernel that reads each selected row once and keeps the products in registers.
 
 ``ids`` may hold -1 (padding): its similarity is 0 in every path, and callers mask it.
 """
+
 from __future__ import annotations
 
 import functools
@@ -54,8 +55,17 @@ def gather_dot(nodes, queries, ids):
             out = torch.empty(ids.shape, dtype=torch.float32, device=ids.device)
             if ids.numel():
                 grid = (ids.shape[0], -(-ids.shape[1] // BLOCK_ROWS))
-                kernel[grid](nodes, queries, ids, out, ids.shape[1], nodes.shape[1], nodes.stride(0),
-                             BLOCK_ROWS=BLOCK_ROWS, BLOCK_DIM=BLOCK_DIM)
+                kernel[grid](
+                    nodes,
+                    queries,
+                    ids,
+                    out,
+                    ids.shape[1],
+                    nodes.shape[1],
+                    nodes.stride(0),
+                    BLOCK_ROWS=BLOCK_ROWS,
+                    BLOCK_DIM=BLOCK_DIM,
+                )
             return out
     if nodes.device.type == "cpu":  # the twin: 2.8x faster than einsum on CPU (benchmarks/bench_kernels.py)
         return torch.from_numpy(gather_dot_cpu(nodes.numpy(), queries.contiguous().numpy(), ids.contiguous().numpy()))
@@ -67,7 +77,7 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _triton_kernel():
     """The Triton kernel, compiled on first use; None where Triton is not installed."""
     try:
@@ -77,8 +87,9 @@ def _triton_kernel():
         return None
 
     @triton.jit
-    def gather_dot_kernel(nodes, queries, ids, out, width, dim, node_stride,
-                          BLOCK_ROWS: tl.constexpr, BLOCK_DIM: tl.constexpr):
+    def gather_dot_kernel(
+        nodes, queries, ids, out, width, dim, node_stride, BLOCK_ROWS: tl.constexpr, BLOCK_DIM: tl.constexpr
+    ):
         b = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         in_row = cols < width
@@ -89,7 +100,9 @@ def _triton_kernel():
             d = start + tl.arange(0, BLOCK_DIM)
             in_dim = d < dim
             q = tl.load(queries + b * dim + d, mask=in_dim, other=0.0)
-            rows = tl.load(nodes + u[:, None] * node_stride + d[None, :], mask=valid[:, None] & in_dim[None, :], other=0.0)
+            rows = tl.load(
+                nodes + u[:, None] * node_stride + d[None, :], mask=valid[:, None] & in_dim[None, :], other=0.0
+            )
             acc += tl.sum(rows * q[None, :], axis=1)
         tl.store(out + b * width + cols, acc, mask=in_row)
 

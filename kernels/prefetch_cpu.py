@@ -5,6 +5,7 @@ memory. One row at a time, every dot product waits for its row; asking for the n
 the current one is summed hides most of that wait (measured: 2x faster dot products over random
 rows of a 100k x 384 matrix, no change over rows already in cache).
 """
+
 from __future__ import annotations
 
 from llvmlite import ir

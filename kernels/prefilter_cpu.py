@@ -19,6 +19,7 @@ selects its seeds with the float32 path instead.
 bf16 values arrive as their int16 bit patterns (numba has no bf16 type); ``sortable`` maps them
 to integers that order like the values, and ``VALUES[key + 32768]`` is the value of a key.
 """
+
 from __future__ import annotations
 
 import numba
@@ -157,8 +158,25 @@ def _rescore_query(query, nodes, threshold, floor, cand_ids, cand_vals, count, i
 # reassoc vectorises the dot products (float64 ones change by ~1e-16, far below float32; float32 ones
 # in the last bits, as between any two BLAS builds)
 @numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
-def rescore_and_rank(queries, nodes, threshold, eps, n, cand_ids, cand_vals, counts, best, overflow,
-                     indptr, indices, node_chunk, n_chunks, hops, top_k, n_threads):
+def rescore_and_rank(
+    queries,
+    nodes,
+    threshold,
+    eps,
+    n,
+    cand_ids,
+    cand_vals,
+    counts,
+    best,
+    overflow,
+    indptr,
+    indices,
+    node_chunk,
+    n_chunks,
+    hops,
+    top_k,
+    n_threads,
+):
     """Exact seeds of each non-overflowed row, then its expansion and top-K chunks (``expand_cpu.rank_query``),
     one query after the other: the seeds' rows are still in cache when the expansion scores them, and the
     next query's candidate rows load meanwhile. Returns seed ids and sims (best first) and the chunks,
@@ -177,12 +195,27 @@ def rescore_and_rank(queries, nodes, threshold, eps, n, cand_ids, cand_vals, cou
         for r in range(t, rows, n_threads):
             if r + n_threads < rows and not overflow[r + n_threads]:
                 following = r + n_threads
-                _prefetch_candidates(nodes, cand_ids[following], cand_vals[following], counts[following], floors[following])
+                _prefetch_candidates(
+                    nodes, cand_ids[following], cand_vals[following], counts[following], floors[following]
+                )
             if overflow[r]:
                 continue
-            _rescore_query(queries[r], nodes, threshold, floors[r], cand_ids[r], cand_vals[r], counts[r], seed_ids[r], seed_sims[r])
-            out_selected[r] = rank_query(np.int32(r + 1), seed_ids[r], queries[r], indptr, indices, nodes, node_chunk, hops,
-                                         scratch, out_chunks[r], out_scores[r])
+            _rescore_query(
+                queries[r], nodes, threshold, floors[r], cand_ids[r], cand_vals[r], counts[r], seed_ids[r], seed_sims[r]
+            )
+            out_selected[r] = rank_query(
+                np.int32(r + 1),
+                seed_ids[r],
+                queries[r],
+                indptr,
+                indices,
+                nodes,
+                node_chunk,
+                hops,
+                scratch,
+                out_chunks[r],
+                out_scores[r],
+            )
     return seed_ids, seed_sims.astype(np.float32), out_chunks, out_scores, out_selected
 
 

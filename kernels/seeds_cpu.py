@@ -5,6 +5,7 @@ first, at most n, ties by lower node id. One pass per row keeps a sorted buffer
 of the n best so far; most entries fail the first comparison, so the cost is a
 read of the tile, not a sort (argpartition costs ~5x more at N = 100k).
 """
+
 from __future__ import annotations
 
 import numba

@@ -1,4 +1,5 @@
 """qcg-gpu: a GPU-accelerated batch engine for Query-Centric Graph RAG."""
+
 from .config import ChunkingConfig, GenerationConfig, GraphConfig, IndexConfig, NodeConfig
 from .errors import QCGError
 

@@ -1,5 +1,6 @@
 """Answering (METHOD.md, retrieval step 5): the top-K chunks and the question go to an LLM,
 the context capped at ``max_context_tokens``; all questions in one batched call."""
+
 from __future__ import annotations
 
 from .chunking import load_tokenizer
@@ -37,14 +38,19 @@ def build_answer_conversation(question: str, context: str) -> list[dict]:
     ]
 
 
-def answer_questions(llm: LLMBackend, questions: list[str], contexts: list[str], config: AnswerConfig) -> list[Completion]:
-    sampling = SamplingSpec(temperature=config.answer_temperature, top_p=1.0, max_tokens=config.max_answer_tokens, seed=0)
+def answer_questions(
+    llm: LLMBackend, questions: list[str], contexts: list[str], config: AnswerConfig
+) -> list[Completion]:
+    sampling = SamplingSpec(
+        temperature=config.answer_temperature, top_p=1.0, max_tokens=config.max_answer_tokens, seed=0
+    )
     conversations = [build_answer_conversation(q, c) for q, c in zip(questions, contexts)]
     return llm.chat(conversations, sampling)
 
 
-def answer_from_chunks(llm: LLMBackend, questions: list[str], chunk_ids: list[list[int]], chunk_texts: list[str],
-                       config: AnswerConfig) -> list[Completion]:
+def answer_from_chunks(
+    llm: LLMBackend, questions: list[str], chunk_ids: list[list[int]], chunk_texts: list[str], config: AnswerConfig
+) -> list[Completion]:
     """Each question answered from the texts of its ranked chunks (``chunk_ids``, best first)."""
     contexts = [build_context([chunk_texts[c] for c in ranked], config.max_context_tokens) for ranked in chunk_ids]
     return answer_questions(llm, questions, contexts, config)

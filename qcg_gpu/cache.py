@@ -3,6 +3,7 @@
 SQLite gives atomic commits and safe concurrent readers, so a run killed at
 any point keeps every batch it finished, and a rerun generates only the rest.
 """
+
 from __future__ import annotations
 
 import json
@@ -77,7 +78,8 @@ class GenerationCache:
         return len(rows)
 
     def import_parquet(self, path: str | Path) -> set[str]:
-        """Add the replies of a file written by :meth:`export_parquet`; returns their keys (unreadable rows are skipped)."""
+        """Add the replies of a file written by :meth:`export_parquet`; returns their keys (unreadable rows are
+        skipped)."""
         import pyarrow.parquet as pq
 
         if not Path(path).is_file():

@@ -4,6 +4,7 @@ Optional dependencies are looked up without importing them (importing torch or
 vLLM takes seconds); code that needs one calls :func:`require`, which imports
 it lazily and fails with a one-line install hint.
 """
+
 from __future__ import annotations
 
 import functools
@@ -46,7 +47,7 @@ def require(module: str):
         raise MissingDependency(f"{module} is needed here but not importable ({exc}); install it with: {hint}") from exc
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def with_cuda() -> bool:
     """True when torch sees a CUDA device (imports torch, hence not a constant)."""
     if not WITH_TORCH:
@@ -56,7 +57,7 @@ def with_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def faiss_gpus() -> int:
     if not WITH_FAISS:
         return 0
@@ -65,7 +66,7 @@ def faiss_gpus() -> int:
     return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cpu_has_fast_bf16() -> bool:
     """True when the CPU multiplies bf16 in hardware (AMX or AVX512-BF16): bf16 GEMMs then run
     several times faster than float32 (elsewhere they are emulated and slower)."""

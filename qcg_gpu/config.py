@@ -8,12 +8,12 @@ stored generation records about itself, what ``--add`` must match, and what the 
 cache key may ignore (a test checks the key against it). Defaults follow ../shared/METHOD.md
 (the paper). Every ``validate()`` raises QCGError on a bad value and returns the config.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Optional
 
 from .errors import QCGError
 
@@ -42,10 +42,11 @@ class ChunkingConfig:
     chunk_overlap: int = option(100, "Tokens shared by consecutive chunks of a document (paper: 100, or 64 with 512).")
     tokenizer: str = option(
         "cl100k_base",
-        "Tokenizer that counts chunk tokens: 'cl100k_base' (tiktoken, bundled offline) or a HF tokenizer name/directory.",
+        "Tokenizer that counts chunk tokens: 'cl100k_base' (tiktoken, bundled offline) or a HF tokenizer "
+        "name/directory.",
     )
 
-    def validate(self) -> "ChunkingConfig":
+    def validate(self) -> ChunkingConfig:
         if self.chunk_tokens < 1:
             raise QCGError(f"chunk_tokens must be >= 1, got {self.chunk_tokens}")
         if not 0 <= self.chunk_overlap < self.chunk_tokens:
@@ -56,61 +57,87 @@ class ChunkingConfig:
 @dataclass
 class GenerationConfig:
     backend: str = option(
-        "vllm", "LLM backend for Doc2Query: in-process vLLM or an OpenAI-compatible server.", ("vllm", "openai"), runtime=True
+        "vllm",
+        "LLM backend for Doc2Query: in-process vLLM or an OpenAI-compatible server.",
+        ("vllm", "openai"),
+        runtime=True,
     )
-    model: Optional[str] = option(
+    model: str | None = option(
         None,
-        "Doc2Query LLM: HF model directory or name (default: bundled SmolLM2-135M-Instruct; with --backend openai, the served model name).",
+        "Doc2Query LLM: HF model directory or name (default: bundled SmolLM2-135M-Instruct; with --backend openai, "
+        "the served model name).",
     )
     m: int = option(20, "Question-answer pairs asked of the LLM per chunk (M).")
     prompt: str = option(
         "basic",
-        "Doc2Query system prompt: 'basic' (the rules), or 'self-contained' (questions also name who/what/when they are about).",
+        "Doc2Query system prompt: 'basic' (the rules), or 'self-contained' (questions also name who/what/when they "
+        "are about).",
         ("basic", "self-contained"),
     )
     temperature: float = option(0.3, "Sampling temperature of the Doc2Query LLM.")
     top_p: float = option(0.95, "Nucleus sampling of the Doc2Query LLM.")
     repetition_penalty: float = option(
         1.1,
-        "Penalty on repeated tokens; without it small models repeat one pair M times. Use 1.0 for APIs that reject the field (OpenAI's).",
+        "Penalty on repeated tokens; without it small models repeat one pair M times. Use 1.0 for APIs that reject "
+        "the field (OpenAI's).",
     )
     seed: int = option(0, "Sampling seed (same seed + same inputs = same pairs on the same engine).")
     max_question_chars: int = option(200, "Longest question the JSON schema allows (bounds output tokens).")
     max_answer_chars: int = option(150, "Longest answer the JSON schema allows.")
-    max_tokens: Optional[int] = option(None, "Output token cap per chunk (default: enough for M pairs at the length caps).")
-    max_model_len: Optional[int] = option(None, "vLLM context length (default: the model's).", runtime=True)
-    gpu_memory_utilization: float = option(0.9, "vLLM: share of GPU memory the engine may use (GPU only).", runtime=True)
+    max_tokens: int | None = option(
+        None, "Output token cap per chunk (default: enough for M pairs at the length caps)."
+    )
+    max_model_len: int | None = option(None, "vLLM context length (default: the model's).", runtime=True)
+    gpu_memory_utilization: float = option(
+        0.9, "vLLM: share of GPU memory the engine may use (GPU only).", runtime=True
+    )
     enforce_eager: bool = option(
         True, "vLLM: skip graph capture/compilation (fast start; compiled mode gains ~8%% on CPU).", runtime=True
     )
     batch_chunks: int = option(
         2048,
         "Chunks in the LLM at once (vLLM: requests in flight, refilled as each finishes; other backends: chunks per "
-        "call). Every reply is cached as it arrives (per batch where the backend answers in batches).", runtime=True,
+        "call). Every reply is cached as it arrives (per batch where the backend answers in batches).",
+        runtime=True,
     )
-    base_url: Optional[str] = option(None, "OpenAI-compatible backend: server URL, e.g. http://127.0.0.1:8000/v1.", runtime=True)
-    api_key_env: str = option("OPENAI_API_KEY", "OpenAI-compatible backend: environment variable holding the API key.", runtime=True)
+    base_url: str | None = option(
+        None, "OpenAI-compatible backend: server URL, e.g. http://127.0.0.1:8000/v1.", runtime=True
+    )
+    api_key_env: str = option(
+        "OPENAI_API_KEY", "OpenAI-compatible backend: environment variable holding the API key.", runtime=True
+    )
     concurrency: int = option(16, "OpenAI-compatible backend: requests in flight at once.", runtime=True)
-    max_retries: int = option(5, "OpenAI-compatible backend: retries (exponential backoff) on 429/5xx/timeouts.", runtime=True)
-    request_timeout: float = option(300.0, "OpenAI-compatible backend: seconds before one request times out.", runtime=True)
-    structured_output: bool = option(True, "Constrain the LLM to the pairs JSON schema (turn off for servers that lack it).")
+    max_retries: int = option(
+        5, "OpenAI-compatible backend: retries (exponential backoff) on 429/5xx/timeouts.", runtime=True
+    )
+    request_timeout: float = option(
+        300.0, "OpenAI-compatible backend: seconds before one request times out.", runtime=True
+    )
+    structured_output: bool = option(
+        True, "Constrain the LLM to the pairs JSON schema (turn off for servers that lack it)."
+    )
     compact_json: bool = option(
-        False, "vLLM: hold the JSON reply to no optional whitespace (Qwen models indent it: ~1/3 of their output tokens)."
+        False,
+        "vLLM: hold the JSON reply to no optional whitespace (Qwen models indent it: ~1/3 of their output tokens).",
     )
-    cache: Optional[str] = option(
-        None, "Generation cache (SQLite file) keyed by chunk text, model, prompt, M and sampling (default: user cache dir).",
+    cache: str | None = option(
+        None,
+        "Generation cache (SQLite file) keyed by chunk text, model, prompt, M and sampling (default: user cache dir).",
         runtime=True,
     )
-    replies_in: Optional[str] = option(
-        None, "Parquet file of stored LLM replies (from --replies-out) to add to the cache first: replays a shared generation.",
+    replies_in: str | None = option(
+        None,
+        "Parquet file of stored LLM replies (from --replies-out) to add to the cache first: replays a shared "
+        "generation.",
         runtime=True,
     )
-    replies_out: Optional[str] = option(
-        None, "Write this index's LLM replies (keyed like the cache) to a Parquet file, to share or commit a generation.",
+    replies_out: str | None = option(
+        None,
+        "Write this index's LLM replies (keyed like the cache) to a Parquet file, to share or commit a generation.",
         runtime=True,
     )
 
-    def validate(self) -> "GenerationConfig":
+    def validate(self) -> GenerationConfig:
         if self.m < 1:
             raise QCGError(f"m must be >= 1, got {self.m}")
         if self.replies_in and not os.path.isfile(self.replies_in):
@@ -126,10 +153,14 @@ class GenerationConfig:
 
 @dataclass
 class NodeConfig:
-    embedder: Optional[str] = option(None, "Sentence-transformers model (default: bundled all-MiniLM-L6-v2).")
+    embedder: str | None = option(None, "Sentence-transformers model (default: bundled all-MiniLM-L6-v2).")
     alpha: float = option(0.8, "Doc2Query--: keep the top ceil(alpha * m_i) pairs of each chunk by similarity to it.")
-    nodes: str = option("qa", "Node text: question+answer (default), question, answer, or each sentence of a chunk (no LLM).", NODE_MODES)
-    device: Optional[str] = option(
+    nodes: str = option(
+        "qa",
+        "Node text: question+answer (default), question, answer, or each sentence of a chunk (no LLM).",
+        NODE_MODES,
+    )
+    device: str | None = option(
         None, "Torch device for embedding and kNN (default: cuda when present, else cpu).", runtime=True
     )
     embed_batch_size: int = option(128, "Texts per embedder batch.", runtime=True)
@@ -141,7 +172,7 @@ class NodeConfig:
     )
     embedding_dtype: str = option("float32", "dtype of node_embeddings.npy.", ("float32", "float16"))
 
-    def validate(self) -> "NodeConfig":
+    def validate(self) -> NodeConfig:
         if not 0 < self.alpha <= 1:
             raise QCGError(f"alpha must be in (0, 1], got {self.alpha}")
         return self
@@ -149,13 +180,17 @@ class NodeConfig:
 
 @dataclass
 class GraphConfig:
-    knn_k: int = option(2, "kNN edges per node: its k nearest other nodes by cosine (paper: 2 LiHuaWorld, 3 MultiHop-RAG).")
+    knn_k: int = option(
+        2, "kNN edges per node: its k nearest other nodes by cosine (paper: 2 LiHuaWorld, 3 MultiHop-RAG)."
+    )
     knn_backend: str = option(
-        "auto", "kNN search: faiss, torch (tiled matmul+topk), or auto (faiss when installed).", ("auto", "faiss", "torch"),
+        "auto",
+        "kNN search: faiss, torch (tiled matmul+topk), or auto (faiss when installed).",
+        ("auto", "faiss", "torch"),
         runtime=True,
     )
 
-    def validate(self) -> "GraphConfig":
+    def validate(self) -> GraphConfig:
         if self.knn_k < 1:
             raise QCGError(f"knn_k must be >= 1, got {self.knn_k}")
         return self
@@ -170,7 +205,7 @@ class IndexConfig:
 
     SECTIONS = ("chunking", "generation", "nodes", "graph")
 
-    def validate(self) -> "IndexConfig":
+    def validate(self) -> IndexConfig:
         for name in self.SECTIONS:
             getattr(self, name).validate()
         return self
@@ -180,11 +215,13 @@ class IndexConfig:
 
     def reply_settings(self) -> dict:
         """The settings that decide the LLM replies: what a stored generation records about itself."""
-        return {name: {key: getattr(getattr(self, name), key) for key in result_fields(getattr(self, name))}
-                for name in REPLY_SECTIONS}
+        return {
+            name: {key: getattr(getattr(self, name), key) for key in result_fields(getattr(self, name))}
+            for name in REPLY_SECTIONS
+        }
 
     @classmethod
-    def from_dict(cls, settings: dict) -> "IndexConfig":
+    def from_dict(cls, settings: dict) -> IndexConfig:
         """The settings an index was built with (its manifest's ``settings``); unknown keys are ignored."""
         config = cls()
         for name in cls.SECTIONS:
@@ -213,19 +250,27 @@ class RetrievalConfig:
     hops: int = option(1, "Expansion hops along kNN edges (0-3; paper: 1).")
     top_k: int = option(5, "Chunks returned per query (K).")
     backend: str = option(
-        "auto", "Retrieval backend: torch (CUDA when present), numpy (numba kernels), or auto.", ("auto", "torch", "numpy"),
-        flag="--retrieval-backend", runtime=True,
+        "auto",
+        "Retrieval backend: torch (CUDA when present), numpy (numba kernels), or auto.",
+        ("auto", "torch", "numpy"),
+        flag="--retrieval-backend",
+        runtime=True,
     )
-    device: Optional[str] = option(
-        None, "Torch device for the torch backend (default: cuda when present, else cpu).", flag="--retrieval-device", runtime=True
+    device: str | None = option(
+        None,
+        "Torch device for the torch backend (default: cuda when present, else cpu).",
+        flag="--retrieval-device",
+        runtime=True,
     )
     prefilter: str = option(
-        "auto", "bf16 similarity GEMM as a prefilter with exact rescoring of the candidates (same seeds; several "
+        "auto",
+        "bf16 similarity GEMM as a prefilter with exact rescoring of the candidates (same seeds; several "
         "times faster on GPUs and on CPUs with AMX); auto = where the hardware has fast bf16.",
-        ("auto", "bf16", "off"), runtime=True,
+        ("auto", "bf16", "off"),
+        runtime=True,
     )
 
-    def validate(self) -> "RetrievalConfig":
+    def validate(self) -> RetrievalConfig:
         if not 0.0 <= self.gamma <= 2.0:
             raise QCGError(f"gamma must be in [0, 2], got {self.gamma}")
         if self.n < 1 or self.top_k < 1:
@@ -237,14 +282,18 @@ class RetrievalConfig:
 
 @dataclass
 class AnswerConfig:
-    max_context_tokens: int = option(6000, "Context cap in tokens (cl100k_base) for the retrieved chunks (paper: 6000).")
+    max_context_tokens: int = option(
+        6000, "Context cap in tokens (cl100k_base) for the retrieved chunks (paper: 6000)."
+    )
     max_answer_tokens: int = option(256, "Longest answer, in LLM tokens.")
     answer_temperature: float = option(0.0, "Sampling temperature of the answering LLM (0 = greedy).")
 
-    def validate(self) -> "AnswerConfig":
+    def validate(self) -> AnswerConfig:
         if self.max_context_tokens < 1 or self.max_answer_tokens < 1:
-            raise QCGError(f"max_context_tokens and max_answer_tokens must be >= 1, got {self.max_context_tokens}, "
-                           f"{self.max_answer_tokens}")
+            raise QCGError(
+                f"max_context_tokens and max_answer_tokens must be >= 1, got {self.max_context_tokens}, "
+                f"{self.max_answer_tokens}"
+            )
         if self.answer_temperature < 0:
             raise QCGError(f"answer_temperature must be >= 0, got {self.answer_temperature}")
         return self
@@ -264,14 +313,25 @@ INDEX_PARAMETERS = ("knn_k", "alpha")  # sweep parameters that need a derived in
 
 @dataclass
 class EvalConfig:
-    methods: str = option("naive,d2q,d2q-minus,qcg", "Comma-separated methods: " + ", ".join(EVAL_METHODS) + " (qcg-* are node-text ablations).")
+    methods: str = option(
+        "naive,d2q,d2q-minus,qcg",
+        "Comma-separated methods: " + ", ".join(EVAL_METHODS) + " (qcg-* are node-text ablations).",
+    )
     sweeps: str = option("", "Comma-separated sweeps of QCG settings: " + ", ".join(SWEEPS) + " (seeds = n x gamma).")
-    answers: bool = option(True, "Answer every question with the LLM and score the answers (exact match, token F1, judge).")
+    answers: bool = option(
+        True, "Answer every question with the LLM and score the answers (exact match, token F1, judge)."
+    )
     judge: bool = option(True, "Score answers with the LLM as judge (deterministic decoding, one-word verdict).")
-    sweep_answers: bool = option(False, "Also answer and judge at every sweep point (one LLM pass per point); otherwise sweeps are scored by retrieval metrics.")
-    limit_per_type: Optional[int] = option(None, "Evaluate only the first N questions of each type (quick, balanced runs).")
+    sweep_answers: bool = option(
+        False,
+        "Also answer and judge at every sweep point (one LLM pass per point); otherwise sweeps are scored by "
+        "retrieval metrics.",
+    )
+    limit_per_type: int | None = option(
+        None, "Evaluate only the first N questions of each type (quick, balanced runs)."
+    )
 
-    def validate(self) -> "EvalConfig":
+    def validate(self) -> EvalConfig:
         self.method_list(), self.sweep_list()
         if self.limit_per_type is not None and self.limit_per_type < 1:
             raise QCGError(f"--limit-per-type must be >= 1, got {self.limit_per_type}")
@@ -285,12 +345,13 @@ class EvalConfig:
 
     def select(self, questions: list) -> list:
         """The first ``limit_per_type`` questions of each type (all without a limit)."""
-        if self.validate().limit_per_type is None:
+        limit = self.validate().limit_per_type
+        if limit is None:
             return questions
         taken: dict[str, int] = {}
         chosen = []
         for question in questions:
-            if taken.get(question.type, 0) < self.limit_per_type:
+            if taken.get(question.type, 0) < limit:
                 taken[question.type] = taken.get(question.type, 0) + 1
                 chosen.append(question)
         return chosen
@@ -306,17 +367,24 @@ def _names(text: str, allowed, what: str) -> list[str]:
 
 @dataclass
 class RayConfig:
-    ray: bool = option(False, "Run on a Ray cluster: the build's generation, embedding and kNN, or the queries' retrieval, split over workers.", runtime=True)
+    ray: bool = option(
+        False,
+        "Run on a Ray cluster: the build's generation, embedding and kNN, or the queries' retrieval, split over "
+        "workers.",
+        runtime=True,
+    )
     ray_address: str = option(
         "local",
         "Ray cluster for --ray: 'local' starts one on this machine, 'auto' joins the one `ray start` runs here, or ray://HOST:10001.",
         runtime=True,
     )
-    ray_workers: Optional[int] = option(
-        None, "Workers (model replicas) for --ray (default: one per GPU of the cluster, else one per CPU core).", runtime=True
+    ray_workers: int | None = option(
+        None,
+        "Workers (model replicas) for --ray (default: one per GPU of the cluster, else one per CPU core).",
+        runtime=True,
     )
 
-    def validate(self) -> "RayConfig":
+    def validate(self) -> RayConfig:
         if self.ray_workers is not None and self.ray_workers < 1:
             raise QCGError(f"ray_workers must be >= 1, got {self.ray_workers}")
         if not self.ray and (self.ray_address != "local" or self.ray_workers is not None):

@@ -9,6 +9,7 @@ Evidence is resolved to the doc ids the index builder gives the corpus, so metri
 like with like. Flaws of the published data are repaired where the intent is clear and
 reported in ``EvalSet.problems``; nothing is dropped silently.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,6 +52,7 @@ def load_dataset(name: str, path: str | Path) -> EvalSet:
 
 # --- LiHuaWorld -------------------------------------------------------------------------
 
+
 def _lihuaworld_files(path: Path) -> tuple[Path, Path]:
     """(questions JSON, docs directory) from the dataset root or the questions file."""
     root = path.parent if path.is_file() else path
@@ -59,7 +61,10 @@ def _lihuaworld_files(path: Path) -> tuple[Path, Path]:
         candidates = sorted(root.glob("quer*.json"))
         if len(candidates) != 1:
             found = ", ".join(p.name for p in candidates) or "none"
-            raise QCGError(f"{root}: expected one questions file (query_set.json / queries_*.json), found {found}; pass the file itself")
+            raise QCGError(
+                f"{root}: expected one questions file (query_set.json / queries_*.json), found {found}; pass the file "
+                f"itself"
+            )
         questions = candidates[0]
     docs = root / "docs"
     if not docs.is_dir():
@@ -79,7 +84,9 @@ def load_lihuaworld(path: Path) -> EvalSet:
         raise QCGError(f"{questions_file}: expected an object of question records keyed by id")
     problems, questions = [], []
     for qid, record in records.items():
-        if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("question", "answer", "evidence", "type")):
+        if not isinstance(record, dict) or not all(
+            isinstance(record.get(k), str) for k in ("question", "answer", "evidence", "type")
+        ):
             problems.append(f"question {qid}: not a record with question/answer/evidence/type strings; skipped")
             continue
         answer, evidence = record["answer"], record["evidence"]
@@ -99,12 +106,15 @@ def load_lihuaworld(path: Path) -> EvalSet:
             else:
                 problems.append(f"question {qid}: evidence key {key.strip()!r} names no document in {docs}; ignored")
         if qtype != NULL_TYPE and not doc_ids:
-            problems.append(f"question {qid}: no usable evidence; kept for answer metrics, left out of retrieval metrics")
+            problems.append(
+                f"question {qid}: no usable evidence; kept for answer metrics, left out of retrieval metrics"
+            )
         questions.append(Question(str(qid), record["question"].strip(), answer.strip(), doc_ids, qtype))
     return EvalSet("lihuaworld", questions, problems)
 
 
 # --- MultiHop-RAG -----------------------------------------------------------------------
+
 
 def multihop_doc_id(article: dict) -> str:
     """Articles are named by URL (unique in the corpus); the title where a URL is missing."""
@@ -132,7 +142,9 @@ def load_multihop_rag(path: Path) -> EvalSet:
                 problems.append(f"question {i}: evidence {item.get('title')!r} is not in corpus.json; ignored")
             elif doc_id not in doc_ids:
                 doc_ids.append(doc_id)
-        questions.append(Question(str(i), record["query"].strip(), str(record.get("answer", "")).strip(), doc_ids, qtype))
+        questions.append(
+            Question(str(i), record["query"].strip(), str(record.get("answer", "")).strip(), doc_ids, qtype)
+        )
     return EvalSet("multihop-rag", questions, problems)
 
 
@@ -147,7 +159,10 @@ def write_multihop_corpus(path: str | Path, out: str | Path) -> int:
         for article in corpus:
             if not isinstance(article, dict) or not multihop_doc_id(article):
                 continue
-            header = [article.get("title", ""), f"{article.get('source', '')} {article.get('published_at', '')}".strip()]
+            header = [
+                article.get("title", ""),
+                f"{article.get('source', '')} {article.get('published_at', '')}".strip(),
+            ]
             text = "\n".join([h for h in header if h] + [article.get("body") or ""])
             fh.write(json.dumps({"doc_id": multihop_doc_id(article), "text": text}, ensure_ascii=False) + "\n")
             written += 1
@@ -155,6 +170,7 @@ def write_multihop_corpus(path: str | Path, out: str | Path) -> int:
 
 
 # --- generic JSONL ----------------------------------------------------------------------
+
 
 def load_jsonl(path: Path) -> EvalSet:
     problems, questions = [], []
@@ -165,7 +181,11 @@ def load_jsonl(path: Path) -> EvalSet:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise QCGError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from exc
-        if not isinstance(record, dict) or not isinstance(record.get("question"), str) or not record["question"].strip():
+        if (
+            not isinstance(record, dict)
+            or not isinstance(record.get("question"), str)
+            or not record["question"].strip()
+        ):
             raise QCGError(f"{path}:{lineno}: needs a non-empty 'question' string")
         evidence = record.get("evidence_doc_ids") or []
         if not isinstance(evidence, list):
@@ -174,10 +194,19 @@ def load_jsonl(path: Path) -> EvalSet:
         if not qtype:  # an untyped question with evidence is answerable; without, nothing says it is a Null one
             qtype = "single" if evidence else UNTYPED
             if not evidence:
-                problems.append(f"{path.name}:{lineno}: neither 'type' nor 'evidence_doc_ids'; typed {UNTYPED!r} "
-                                f"(answer metrics only); give \"type\": \"null\" to questions that should be declined")
-        questions.append(Question(str(record.get("query_id", lineno)), record["question"].strip(),
-                                  str(record.get("answer", "")).strip(), [str(e) for e in evidence], qtype))
+                problems.append(
+                    f"{path.name}:{lineno}: neither 'type' nor 'evidence_doc_ids'; typed {UNTYPED!r} "
+                    f'(answer metrics only); give "type": "null" to questions that should be declined'
+                )
+        questions.append(
+            Question(
+                str(record.get("query_id", lineno)),
+                record["question"].strip(),
+                str(record.get("answer", "")).strip(),
+                [str(e) for e in evidence],
+                qtype,
+            )
+        )
     if not questions:
         raise QCGError(f"no questions in {path}")
     return EvalSet("jsonl", questions, problems)

@@ -20,13 +20,13 @@ one byte for byte: the workers embed the very batches one process would
 exactly. The replies themselves can differ between two runs that batch differently: LLM
 kernels are not batch-invariant (vLLM, any engine).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
 import os
-from typing import Optional
 
 import numpy as np
 
@@ -51,9 +51,14 @@ class RayCluster:
         if not self.ray.is_initialized():
             local = config.ray_address == "local"
             try:
-                self.ray.init(address=None if local else config.ray_address, num_cpus=os.cpu_count() if local else None,
-                              include_dashboard=False, logging_level=logging.WARNING, configure_logging=False,
-                              ignore_reinit_error=True)
+                self.ray.init(
+                    address=None if local else config.ray_address,
+                    num_cpus=os.cpu_count() if local else None,
+                    include_dashboard=False,
+                    logging_level=logging.WARNING,
+                    configure_logging=False,
+                    ignore_reinit_error=True,
+                )
             except Exception as exc:  # ConnectionError, or a failed local start
                 raise QCGError(f"cannot connect to the Ray cluster {config.ray_address!r}: {exc}") from exc
         resources = self.ray.cluster_resources()
@@ -61,10 +66,12 @@ class RayCluster:
         cpus = max(int(resources.get("CPU", 1)), 1)
         self.workers = config.ray_workers or self.gpus or cpus
         # A GPU each when the cluster has enough; else the CPU cores shared out.
-        self.worker_resources = {"num_gpus": 1} if 0 < self.workers <= self.gpus else {"num_cpus": max(1, cpus // self.workers)}
-        self._actors = []  # the stage holding the workers now (one stage at a time: each takes all of them)
+        self.worker_resources = (
+            {"num_gpus": 1} if 0 < self.workers <= self.gpus else {"num_cpus": max(1, cpus // self.workers)}
+        )
+        self._actors: list = []  # the stage holding the workers now (one stage at a time: each takes all of them)
         self._actor_class = None
-        self._shared = {}  # id(obj) -> (obj, object ref): each object goes to the object store once
+        self._shared: dict[int, tuple] = {}  # id(obj) -> (obj, object ref): each object goes to the object store once
 
     def release(self) -> None:
         """End the actors of the last stage, so that the next one gets the workers' resources."""
@@ -72,10 +79,10 @@ class RayCluster:
             self.ray.kill(actor)
         self._actors, self._actor_class = [], None
 
-    def llm(self, config: GenerationConfig) -> "RayLLM":
+    def llm(self, config: GenerationConfig) -> RayLLM:
         return RayLLM(config, self)
 
-    def embedder(self, config: NodeConfig) -> "RayEmbedder":
+    def embedder(self, config: NodeConfig) -> RayEmbedder:
         return RayEmbedder(config, self)
 
     def knn_graph(self, embeddings: np.ndarray, k: int, backend: str = "auto", device: str | None = None) -> KnnGraph:
@@ -89,7 +96,10 @@ class RayCluster:
         shared = self.ray.put(emb)
         blocks = [b for b in np.array_split(np.arange(n), self.workers * 4) if len(b)]
         task = self.ray.remote(**self.worker_resources)(_knn_rows)
-        futures = [task.remote(shared, int(b[0]), int(b[-1]) + 1, k_eff, search_width(k_eff, n), backend, device) for b in blocks]
+        futures = [
+            task.remote(shared, int(b[0]), int(b[-1]) + 1, k_eff, search_width(k_eff, n), backend, device)
+            for b in blocks
+        ]
         parts = gather(self.ray, futures, "kNN blocks")
         return KnnGraph.from_rows(np.concatenate([ids for ids, _ in parts]), np.concatenate([s for _, s in parts]))
 
@@ -128,6 +138,7 @@ def gather(ray, futures: list, desc: str | None = None) -> list:
 
 
 # ---- generation: Ray Data through a pool of vLLM engines ----
+
 
 class _LLMWorker:
     """Ray Data callable class: one LLM backend per actor, loaded once, then a batch per call."""
@@ -184,29 +195,43 @@ class RayLLM(LLMBackend):
         ray.data.DataContext.get_current().enable_progress_bars = show_progress()
         items = [{"row": i, "conversation": json.dumps(c)} for i, c in enumerate(conversations)]
         dataset = ray.data.from_items(items, override_num_blocks=-(-len(items) // size)).map_batches(
-            _LLMWorker, fn_constructor_kwargs={"generation": dataclasses.asdict(self.config), "sampling": sampling},
-            batch_size=size, batch_format="numpy",
+            _LLMWorker,
+            fn_constructor_kwargs={"generation": dataclasses.asdict(self.config), "sampling": sampling},
+            batch_size=size,
+            batch_format="numpy",
             # a fixed pool, one batch per engine at a time: else the first engine up queues the batches
             # meant for the others while they are still loading
-            compute=ray.data.ActorPoolStrategy(size=min(workers, -(-len(items) // size)), max_tasks_in_flight_per_actor=1),
+            compute=ray.data.ActorPoolStrategy(
+                size=min(workers, -(-len(items) // size)), max_tasks_in_flight_per_actor=1
+            ),
             **self.cluster.worker_resources,
         )
         try:
             for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
                 completions = [
-                    Completion(text=t, prompt_tokens=int(p), output_tokens=int(o), finish_reason=f or None, error=e or None)
-                    for t, p, o, f, e in zip(batch["text"], batch["prompt_tokens"], batch["output_tokens"],
-                                             batch["finish_reason"], batch["error"])
+                    Completion(
+                        text=t, prompt_tokens=int(p), output_tokens=int(o), finish_reason=f or None, error=e or None
+                    )
+                    for t, p, o, f, e in zip(
+                        batch["text"],
+                        batch["prompt_tokens"],
+                        batch["output_tokens"],
+                        batch["finish_reason"],
+                        batch["error"],
+                    )
                 ]
                 yield batch["row"].tolist(), completions
         except ray.exceptions.RayError as exc:
-            raise QCGError(f"generation on Ray failed (the batches that finished are cached; rerun to go on): {exc}") from exc
+            raise QCGError(
+                f"generation on Ray failed (the batches that finished are cached; rerun to go on): {exc}"
+            ) from exc
 
 
 # ---- embedding: one embedder per worker ----
 
+
 class _EmbedWorker:
-    def __init__(self, model: Optional[str], device: Optional[str], batch_size: int, cpu_threads: int):
+    def __init__(self, model: str | None, device: str | None, batch_size: int, cpu_threads: int):
         import torch
 
         from .embedding import Embedder
@@ -230,7 +255,9 @@ class RayEmbedder:
     def __init__(self, config: NodeConfig, cluster: RayCluster):
         self.cluster, self.batch_size = cluster, config.embed_batch_size
         torch = require("torch")
-        self._workers = cluster.actors(_EmbedWorker, config.embedder, config.device, config.embed_batch_size, torch.get_num_threads())
+        self._workers = cluster.actors(
+            _EmbedWorker, config.embedder, config.device, config.embed_batch_size, torch.get_num_threads()
+        )
         self.model_name, self.dim, self.max_tokens = cluster.ray.get(self._workers[0].describe.remote())
         self.windows = None
         if config.long_texts == "mean":  # long texts are split here, as one process splits them
@@ -249,7 +276,8 @@ class RayEmbedder:
         blocks = [batches[s : s + EMBED_BLOCK_BATCHES] for s in range(0, len(batches), EMBED_BLOCK_BATCHES)]
         # The pool hands a block to whichever worker is free, so only one block per worker is in flight.
         results = ActorPool(self._workers).map(
-            lambda worker, block: worker.encode_batches.remote([[texts[r] for r in rows] for rows in block]), blocks)
+            lambda worker, block: worker.encode_batches.remote([[texts[r] for r in rows] for rows in block]), blocks
+        )
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         for block, vectors in zip(blocks, progress_bar(results, total=len(blocks), desc=desc, unit="block")):
             for rows, batch in zip(block, vectors):

@@ -4,6 +4,7 @@ The prompt, the JSON schema the LLM is held to, and a parser that keeps every
 valid pair of whatever comes back (short lists, duplicates, empty strings,
 truncated or non-JSON text) and counts what it dropped.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,8 +23,10 @@ PROMPT_VERSION = 2
 SYSTEM_PROMPTS = {
     # The first prompt (the SmolLM2 generation of benchmarks/lihuaworld was made with it).
     "basic": (
-        "You write question-answer pairs for a search index. Every question must be answerable from the given text alone, "
-        "and every answer must be a short exact span or fact from the text. Questions must be distinct and cover different "
+        "You write question-answer pairs for a search index. Every question must be answerable from the given text "
+        "alone, "
+        "and every answer must be a short exact span or fact from the text. Questions must be distinct and cover "
+        "different "
         "facts (who, what, when, where, why). Reply with JSON only."
     ),
     # Questions a user would ask of the whole collection: each about one fact of the text and naming who
@@ -147,7 +150,11 @@ def parse_pairs(text: str, m: int) -> ParsedPairs:
         result.dropped["malformed_json"] += 1
     seen = set()
     for item in items:
-        if not isinstance(item, dict) or not isinstance(item.get("question"), str) or not isinstance(item.get("answer"), str):
+        if (
+            not isinstance(item, dict)
+            or not isinstance(item.get("question"), str)
+            or not isinstance(item.get("answer"), str)
+        ):
             result.dropped["invalid_item"] += 1
             continue
         question, answer = _normalise(item["question"]), _normalise(item["answer"])

@@ -1,4 +1,5 @@
 """Extended Doc2Query-- (METHOD.md, index step 3): keep each chunk's pairs closest to it."""
+
 from __future__ import annotations
 
 import math

@@ -5,15 +5,17 @@ memory whole. Problems with single documents (empty, not UTF-8, binary,
 duplicate id, malformed line) are skips recorded in a :class:`SkipLog`; only a
 problem with the input as a whole (nothing readable at all) is an error.
 """
+
 from __future__ import annotations
 
 import codecs
+import functools
 import json
 import os
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 from .errors import QCGError
 
@@ -65,10 +67,13 @@ def read_documents(path: str | os.PathLike, skips: SkipLog) -> Iterator[Document
 
 # -- directories -------------------------------------------------------------
 
+
 def _read_directory(root: Path, skips: SkipLog) -> Iterator[Document]:
     files = []
     # os.walk does not follow symlinked directories, so symlink loops cannot trap it.
-    for dirpath, dirnames, filenames in os.walk(root, onerror=lambda e: skips.add(str(e.filename), f"unreadable: {e.strerror}")):
+    for dirpath, dirnames, filenames in os.walk(
+        root, onerror=lambda e: skips.add(str(e.filename), f"unreadable: {e.strerror}")
+    ):
         dirnames.sort()
         files += [Path(dirpath, name) for name in sorted(filenames) if name.endswith(TEXT_SUFFIXES)]
     if not files:
@@ -83,7 +88,7 @@ def _read_directory_files(root: Path, files: list[Path], skips: SkipLog) -> Iter
         if problem:
             skips.add(doc_id, problem)
             continue
-        yield Document(doc_id, lambda file=file: _stream_file(file))
+        yield Document(doc_id, functools.partial(_stream_file, file))
 
 
 def _check_text_file(file: Path) -> str | None:
@@ -132,13 +137,14 @@ def _stream_file(file: Path) -> Iterator[str]:
 
 def _last_line_start(text: str) -> int:
     """Offset of the last line start followed by a visible character (0 if none)."""
-    match = None
-    for match in _LINE_START.finditer(text, max(0, len(text) - READ_BLOCK_BYTES)):
+    last = None
+    for last in _LINE_START.finditer(text, max(0, len(text) - READ_BLOCK_BYTES)):  # noqa: B007 (the last one is kept)
         pass
-    return match.end() if match else 0
+    return last.end() if last else 0
 
 
 # -- JSONL and Parquet ------------------------------------------------------------
+
 
 def _record_document(doc_id, text, where: str, skips: SkipLog) -> Document | None:
     if not isinstance(doc_id, (str, int)) or isinstance(doc_id, bool) or str(doc_id) == "":
@@ -150,7 +156,7 @@ def _record_document(doc_id, text, where: str, skips: SkipLog) -> Document | Non
     if not text.strip():
         skips.add(str(doc_id), "empty document")
         return None
-    return Document(str(doc_id), lambda text=text: iter((text,)))
+    return Document(str(doc_id), functools.partial(iter, (text,)))
 
 
 def _read_jsonl(path: Path, skips: SkipLog) -> Iterator[Document]:
@@ -160,8 +166,8 @@ def _read_jsonl(path: Path, skips: SkipLog) -> Iterator[Document]:
             lineno += 1
             try:
                 line = fh.readline()
-            except UnicodeDecodeError:
-                raise QCGError(f"{path}: not UTF-8 near line {lineno}")
+            except UnicodeDecodeError as exc:
+                raise QCGError(f"{path}: not UTF-8 near line {lineno}") from exc
             if not line:
                 break
             if not line.strip():
@@ -188,7 +194,10 @@ def _read_parquet(path: Path, skips: SkipLog) -> Iterator[Document]:
         raise QCGError(f"{path}: not a readable Parquet file ({exc})") from exc
     missing = {"doc_id", "text"} - set(file.schema_arrow.names)
     if missing:
-        raise QCGError(f"{path}: Parquet input needs columns doc_id and text; missing {sorted(missing)} (has {file.schema_arrow.names})")
+        raise QCGError(
+            f"{path}: Parquet input needs columns doc_id and text; missing {sorted(missing)} (has "
+            f"{file.schema_arrow.names})"
+        )
     row = 0
     for batch in file.iter_batches(columns=["doc_id", "text"], batch_size=1024):
         for doc_id, text in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist()):

@@ -6,6 +6,7 @@ at most the limit, each window embedded, and the windows' embeddings averaged (w
 their token counts) and normalised (``long_texts="mean"``). ``"truncate"`` keeps the model's
 own cut, as the paper's setup did.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,8 +24,9 @@ LONG_TEXT_MODES = ("mean", "truncate")
 
 
 class Embedder:
-    def __init__(self, model: str | None = None, device: str | None = None, batch_size: int = 128,
-                 long_texts: str = "mean"):
+    def __init__(
+        self, model: str | None = None, device: str | None = None, batch_size: int = 128, long_texts: str = "mean"
+    ):
         if long_texts not in LONG_TEXT_MODES:
             raise QCGError(f"long_texts must be one of {', '.join(LONG_TEXT_MODES)}, got {long_texts!r}")
         path, self.model_name = resolve_model(model, DEFAULT_EMBEDDER)
@@ -35,7 +37,11 @@ class Embedder:
             self.model = sentence_transformers.SentenceTransformer(path, device=self.device)
         except Exception as exc:
             raise QCGError(f"cannot load embedder {self.model_name!r}: {exc}") from exc
-        self.dim = self.model.get_embedding_dimension() if hasattr(self.model, "get_embedding_dimension") else self.model.get_sentence_embedding_dimension()
+        self.dim = (
+            self.model.get_embedding_dimension()
+            if hasattr(self.model, "get_embedding_dimension")
+            else self.model.get_sentence_embedding_dimension()
+        )
         self.windows = Windows(self.model.tokenizer, self.model.max_seq_length) if long_texts == "mean" else None
         self.max_tokens = self.model.max_seq_length
         self.windowed_texts = 0  # texts embedded over several windows so far (reported in the manifest)
@@ -97,16 +103,24 @@ class Windows:
             raise QCGError(f"the embedder's limit of {max_seq_length} tokens is too short to window texts")
 
     def split(self, texts: list[str]) -> Split:
-        pieces, owner, weight, windowed = [], [], [], 0
+        pieces: list[str] = []
+        owner: list[int] = []  # the text each piece comes from
+        weight: list[int] = []  # its tokens: the weight of its embedding in the text's mean
+        windowed = 0
         with _quiet("transformers"):  # it warns that long texts exceed the model: that is why they are split
             encodings = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, truncation=False)
         for i, (text, ids, offsets) in enumerate(zip(texts, encodings["input_ids"], encodings["offset_mapping"])):
             if len(ids) <= self.limit:
-                pieces.append(text), owner.append(i), weight.append(max(len(ids), 1))
-                continue
-            windowed += 1
-            for start, end in self._bounds(offsets):
-                pieces.append(text[offsets[start][0] : offsets[end - 1][1]]), owner.append(i), weight.append(end - start)
+                bounds = [(text, max(len(ids), 1))]
+            else:
+                windowed += 1
+                bounds = [
+                    (text[offsets[start][0] : offsets[end - 1][1]], end - start) for start, end in self._bounds(offsets)
+                ]
+            for piece, tokens in bounds:
+                pieces.append(piece)
+                owner.append(i)
+                weight.append(tokens)
         return Split(pieces, np.array(owner, np.int64), np.array(weight, np.float64), windowed)
 
     def _bounds(self, offsets) -> list[tuple[int, int]]:

@@ -6,6 +6,7 @@ Every method sees the same chunks, embedder and K. Node-text ablations and the `
 is generated again. Outputs (see :func:`write_report`): per-question ``results.jsonl``,
 ``summary.md`` / ``summary.csv`` laid out like the paper's Table 1, and one CSV + PNG per sweep.
 """
+
 from __future__ import annotations
 
 import csv
@@ -23,8 +24,16 @@ from .embedding import Embedder
 from .errors import QCGError
 from .llm import LLMBackend, SamplingSpec
 from .log import logger, progress_bar
-from .metrics import (all_evidence_hit, evidence_recall, exact_match, is_abstention, judge_conversation,
-                      parse_verdict, reciprocal_rank, token_f1)
+from .metrics import (
+    all_evidence_hit,
+    evidence_recall,
+    exact_match,
+    is_abstention,
+    judge_conversation,
+    parse_verdict,
+    reciprocal_rank,
+    token_f1,
+)
 from .retrieval import QCGIndex, RetrievalConfig, search
 from .variants import derive_index
 
@@ -38,7 +47,7 @@ class Evaluation:
     sweeps: dict[str, list[dict]]  # sweep name -> one row per point
     types: list[str]
 
-    def add(self, other: "Evaluation", label: str) -> None:
+    def add(self, other: Evaluation, label: str) -> None:
         """Append another index's records, their methods labelled ``METHOD@label``."""
         self.records += [{**r, "method": f"{r['method']}@{label}"} for r in other.records]
 
@@ -46,9 +55,17 @@ class Evaluation:
 class Harness:
     """Holds what every method shares: the index, its embedder, the questions and their embeddings."""
 
-    def __init__(self, index: QCGIndex, evalset: EvalSet, embedder: Embedder, retrieval: RetrievalConfig,
-                 answer: AnswerConfig | None = None, llm: LLMBackend | None = None, judge_llm: LLMBackend | None = None,
-                 cluster=None):
+    def __init__(
+        self,
+        index: QCGIndex,
+        evalset: EvalSet,
+        embedder: Embedder,
+        retrieval: RetrievalConfig,
+        answer: AnswerConfig | None = None,
+        llm: LLMBackend | None = None,
+        judge_llm: LLMBackend | None = None,
+        cluster=None,
+    ):
         self.index, self.evalset, self.embedder = index, evalset, embedder
         self.retrieval, self.answer_config = retrieval.validate(), (answer or AnswerConfig()).validate()
         self.llm, self.judge_llm = llm, judge_llm or llm
@@ -80,13 +97,22 @@ class Harness:
         for question, row in zip(self.questions, chunk_ids):
             ranked = [int(c) for c in row if c >= 0]
             docs = [self.doc_ids[c] for c in ranked]
-            records.append({
-                "method": method, **({"setting": setting} if setting else {}),
-                "qid": question.qid, "type": question.type, "question": question.question, "gold": question.answer,
-                "evidence": question.evidence, "chunk_ids": ranked, "docs": docs,
-                "recall": evidence_recall(docs, question.evidence), "hit": all_evidence_hit(docs, question.evidence),
-                "mrr": reciprocal_rank(docs, question.evidence),
-            })
+            records.append(
+                {
+                    "method": method,
+                    **({"setting": setting} if setting else {}),
+                    "qid": question.qid,
+                    "type": question.type,
+                    "question": question.question,
+                    "gold": question.answer,
+                    "evidence": question.evidence,
+                    "chunk_ids": ranked,
+                    "docs": docs,
+                    "recall": evidence_recall(docs, question.evidence),
+                    "hit": all_evidence_hit(docs, question.evidence),
+                    "mrr": reciprocal_rank(docs, question.evidence),
+                }
+            )
         return records
 
     def score_answers(self, records: list[dict], judge: bool) -> None:
@@ -97,18 +123,32 @@ class Harness:
         if self.llm is None:
             raise QCGError("answer metrics need an LLM (or turn them off with --no-answers)")
         logger.info(f"answering {len(records)} questions")
-        completions = answer_from_chunks(self.llm, [r["question"] for r in records], [r["chunk_ids"] for r in records],
-                                         self.index.chunk_texts(), self.answer_config)
+        completions = answer_from_chunks(
+            self.llm,
+            [r["question"] for r in records],
+            [r["chunk_ids"] for r in records],
+            self.index.chunk_texts(),
+            self.answer_config,
+        )
         to_judge = []
         for record, completion in zip(records, completions):
             answer = "" if completion.error else completion.text.strip()
             abstained = is_abstention(answer)  # a failed request or an empty reply is not an abstention
-            record.update(answer=answer, abstained=abstained, **({"error": completion.error} if completion.error else {}))
-            if record["type"] == NULL_TYPE:  # correct exactly when it abstains; judged (by that rule) only if judging is on
-                record.update(em=float(abstained), f1=float(abstained), judge=float(abstained) if judge else float("nan"))
+            record.update(
+                answer=answer, abstained=abstained, **({"error": completion.error} if completion.error else {})
+            )
+            if (
+                record["type"] == NULL_TYPE
+            ):  # correct exactly when it abstains; judged (by that rule) only if judging is on
+                record.update(
+                    em=float(abstained), f1=float(abstained), judge=float(abstained) if judge else float("nan")
+                )
                 continue
-            record.update(em=exact_match(answer, record["gold"]), f1=token_f1(answer, record["gold"]),
-                          judge=0.0 if judge else float("nan"))
+            record.update(
+                em=exact_match(answer, record["gold"]),
+                f1=token_f1(answer, record["gold"]),
+                judge=0.0 if judge else float("nan"),
+            )
             if judge and answer and not abstained:
                 to_judge.append(record)
         if to_judge:
@@ -118,9 +158,12 @@ class Harness:
     def _judge(self, records: list[dict]) -> None:
         sampling = SamplingSpec(temperature=0.0, top_p=1.0, max_tokens=8, seed=0)
         conversations = [judge_conversation(r["question"], r["gold"], r["answer"]) for r in records]
+        assert self.judge_llm is not None  # score_answers refuses to run without an LLM
         for record, completion in zip(records, self.judge_llm.chat(conversations, sampling)):
             if completion.error:
-                record.update(judge=0.0, judge_reply=None, judge_error=completion.error)  # counted incorrect, and reported
+                record.update(
+                    judge=0.0, judge_reply=None, judge_error=completion.error
+                )  # counted incorrect, and reported
                 continue
             verdict = parse_verdict(completion.text)
             record.update(judge=float(bool(verdict)), judge_reply=completion.text.strip())
@@ -128,18 +171,19 @@ class Harness:
                 record["judge_unparsed"] = True  # counted incorrect, and reported
 
     def sweep(self, name: str, config: EvalConfig) -> list[dict]:
-        rows, variant, variant_key = [], None, None
+        rows: list[dict] = []
+        variant, variant_key = self.index, dict[str, float]()
         for point in progress_bar(SWEEPS[name], desc=f"sweep {name}"):
             index_params = {k: v for k, v in point.items() if k in INDEX_PARAMETERS}
-            if index_params != variant_key:
-                variant, variant_key = (derive_index(self.index, **index_params) if index_params else self.index), index_params
+            if index_params != variant_key:  # derive each index variant once, in sweep order
+                variant = derive_index(self.index, **index_params) if index_params else self.index
+                variant_key = index_params
             retrieval = replace(self.retrieval, **{k: v for k, v in point.items() if k not in INDEX_PARAMETERS})
             records = self.score_retrieval("qcg", self.retrieve("qcg", variant, retrieval), point)
             if config.sweep_answers and config.answers:
                 self.score_answers(records, config.judge)
             rows.append({**point, **summarize(records, self.types)[0]})
         return rows
-
 
 
 def _type_order(questions) -> list[str]:
@@ -170,12 +214,16 @@ def summarize(records: list[dict], types: list[str]) -> list[dict]:
 # --- report ---------------------------------------------------------------------------------
 
 METRIC_TITLES = {
-    "judge": "LLM-as-judge accuracy (%)", "em": "Exact match (%)", "f1": "Token F1 (%)",
-    "recall": "Evidence recall@K (%)", "hit": "All evidence in top-K (%)", "mrr": "MRR of the first evidence chunk (x100)",
+    "judge": "LLM-as-judge accuracy (%)",
+    "em": "Exact match (%)",
+    "f1": "Token F1 (%)",
+    "recall": "Evidence recall@K (%)",
+    "hit": "All evidence in top-K (%)",
+    "mrr": "MRR of the first evidence chunk (x100)",
 }
 
 
-def _pct(value: float) -> str:
+def _pct(value: float | None) -> str:
     return "–" if value is None or math.isnan(value) else f"{100 * value:.2f}"
 
 
@@ -207,10 +255,22 @@ def write_report(evaluation: Evaluation, out: str | Path, header: dict, problems
     _write_csv(written[2], rows)
     first = [r for r in evaluation.records if r["method"] == rows[0]["method"]] if rows else []
     counts = {t: sum(1 for r in first if r["type"] == t) for t in evaluation.types}
-    md = ["# Evaluation", "", *[f"- {key}: {value}" for key, value in header.items()],
-          f"- questions by type: {counts}", "", markdown_tables(rows, evaluation.types)]
-    faults = {what: sum(1 for r in evaluation.records if r.get(key)) for key, what in
-              (("judge_unparsed", "judge replies without a verdict"), ("judge_error", "failed judge requests"), ("error", "failed answer requests"))}
+    md = [
+        "# Evaluation",
+        "",
+        *[f"- {key}: {value}" for key, value in header.items()],
+        f"- questions by type: {counts}",
+        "",
+        markdown_tables(rows, evaluation.types),
+    ]
+    faults = {
+        what: sum(1 for r in evaluation.records if r.get(key))
+        for key, what in (
+            ("judge_unparsed", "judge replies without a verdict"),
+            ("judge_error", "failed judge requests"),
+            ("error", "failed answer requests"),
+        )
+    }
     if any(faults.values()):
         md += ["", "Counted incorrect: " + ", ".join(f"{what}: {n}" for what, n in faults.items()) + "."]
     for name, sweep_rows in evaluation.sweeps.items():
@@ -238,11 +298,15 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def evidence_outside(index: QCGIndex, evalset: EvalSet) -> list[str]:
-    """Evidence documents the index does not hold: a few are data flaws (reported); all of them means the wrong index."""
+    """Evidence documents the index does not hold: a few are data flaws (reported); all of them means the wrong
+    index."""
     in_index = set(index.chunks.column("doc_id").to_pylist())
     evidence = {doc for q in evalset.questions for doc in q.evidence}
     missing = sorted(evidence - in_index)
     if evidence and len(missing) == len(evidence):
-        raise QCGError(f"none of the {len(evidence)} evidence documents is in {index.path}: was it built from this dataset's corpus? "
-                       f"(evidence e.g. {missing[0]!r}, index e.g. {next(iter(in_index), None)!r})")
+        raise QCGError(
+            f"none of the {len(evidence)} evidence documents is in {index.path}: was it built from this dataset's "
+            f"corpus? "
+            f"(evidence e.g. {missing[0]!r}, index e.g. {next(iter(in_index), None)!r})"
+        )
     return [f"{len(missing)} evidence documents are not in the index, e.g. {missing[:3]}"] if missing else []

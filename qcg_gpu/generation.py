@@ -4,6 +4,7 @@ the cache, or the LLM, and the valid pairs parsed from them.
 Every reply is cached the moment it arrives and ``--replies-out`` is rewritten every
 ``SHARE_EVERY_S`` seconds, so a killed run loses nothing it finished and leaves its replies to share.
 """
+
 from __future__ import annotations
 
 import time
@@ -21,8 +22,9 @@ from .throughput import record_throughput
 SHARE_EVERY_S = 30.0  # how often a generating build rewrites its --replies-out file
 
 
-def generate_pairs(chunks: list[Chunk], llm: LLMBackend | None, model_name: str, config: IndexConfig,
-                   summary: IndexSummary) -> Pairs:
+def generate_pairs(
+    chunks: list[Chunk], llm: LLMBackend | None, model_name: str, config: IndexConfig, summary: IndexSummary
+) -> Pairs:
     """Pairs of every chunk: stored and cached replies reused, the rest generated (the LLM is
     loaded only when some chunk has no reply yet)."""
     gen = config.generation
@@ -50,10 +52,17 @@ def generate_pairs(chunks: list[Chunk], llm: LLMBackend | None, model_name: str,
         with stage(summary, "load_llm"):
             llm = llm or make_backend(gen)
         with stage(summary, "generate"):
-            _generate_missing(chunks, keys, missing, llm, gen, cache, replies, failed, summary,
-                              lambda: share(every_s=SHARE_EVERY_S))
-        record_throughput(gen, model_name, summary.generated_chunks, summary.generated_output_tokens, summary.seconds["generate"],
-                          workers=getattr(llm, "workers", 1))  # a RayLLM runs one engine per worker
+            _generate_missing(
+                chunks, keys, missing, llm, gen, cache, replies, failed, summary, lambda: share(every_s=SHARE_EVERY_S)
+            )
+        record_throughput(
+            gen,
+            model_name,
+            summary.generated_chunks,
+            summary.generated_output_tokens,
+            summary.seconds["generate"],
+            workers=getattr(llm, "workers", 1),
+        )  # a RayLLM runs one engine per worker
     share()
     cache.close()
     return _parse_replies(keys, replies, failed, gen, summary)
@@ -67,18 +76,35 @@ def reply_settings(config: IndexConfig, model_name: str) -> dict:
 
 
 def check_stored_settings(path: str, settings: dict) -> list[str]:
-    """A note for each setting a stored generation was made with that this build changes (its replies will not match)."""
+    """A note for each setting a stored generation was made with that this build changes (its replies will not
+    match)."""
     stored = stored_settings(path)
     if stored is None:
-        return [f"{path} does not record its settings (made before qcg-gpu recorded them); replies match only under the same ones"]
-    return [f"{path} was made with {section}.{key}={value!r}, this build uses {settings[section].get(key)!r}: "
-            "chunks it affects are generated anew"
-            for section, values in stored.items() for key, value in values.items()
-            if section in settings and settings[section].get(key, value) != value]
+        return [
+            f"{path} does not record its settings (made before qcg-gpu recorded them); replies match only under the "
+            f"same ones"
+        ]
+    return [
+        f"{path} was made with {section}.{key}={value!r}, this build uses {settings[section].get(key)!r}: "
+        "chunks it affects are generated anew"
+        for section, values in stored.items()
+        for key, value in values.items()
+        if section in settings and settings[section].get(key, value) != value
+    ]
 
 
-def _generate_missing(chunks, keys, missing, llm: LLMBackend, gen, cache: GenerationCache, replies: dict, failed: dict,
-                      summary: IndexSummary, after_batch) -> None:
+def _generate_missing(
+    chunks,
+    keys,
+    missing,
+    llm: LLMBackend,
+    gen,
+    cache: GenerationCache,
+    replies: dict,
+    failed: dict,
+    summary: IndexSummary,
+    after_batch,
+) -> None:
     conversations = [doc2query.build_conversation(chunks[i].text, gen.m, gen.prompt) for i in missing]
     for rows, completions in llm.chat_batches(conversations, doc2query.sampling_spec(gen), gen.batch_chunks):
         fresh = {}

@@ -10,6 +10,7 @@ documents in the same order, and it is published as a new index version (readers
 disturbed; a failure leaves the index as it was). The index's own settings are used; options
 that would change results must match them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,12 +26,21 @@ import pyarrow as pa
 from .config import IndexConfig, result_fields
 from .embedding import Embedder
 from .errors import QCGError
+from .generation import generate_pairs
 from .knn import KnnGraph, add_nodes, remove_nodes
 from .llm import LLMBackend
-from .generation import generate_pairs
-from .stages import (IndexSummary, Pairs, embed_and_select, index_tables, load_embedder, package_versions, read_chunks, stage,
-                     write_index)
 from .retrieval import QCGIndex
+from .stages import (
+    IndexSummary,
+    Pairs,
+    embed_and_select,
+    index_tables,
+    load_embedder,
+    package_versions,
+    read_chunks,
+    stage,
+    write_index,
+)
 
 ARRAYS = ("chunk_embeddings", "pair_embeddings", "node_embeddings")
 
@@ -45,7 +55,7 @@ class _Stored:
     graph: KnnGraph
 
     @classmethod
-    def load(cls, path: Path) -> "_Stored":
+    def load(cls, path: Path) -> _Stored:
         index = QCGIndex.load(path)
         tables = {name: index.table(name) for name in ("chunks", "pairs", "nodes")}
         arrays = {name: np.asarray(index.array(name)) for name in ARRAYS}
@@ -85,8 +95,15 @@ def _update_lock(index: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def add_documents(index: str | Path, input_path: str | Path, options: IndexConfig | None = None, *,
-                  llm: LLMBackend | None = None, embedder: Embedder | None = None, cluster=None) -> IndexSummary:
+def add_documents(
+    index: str | Path,
+    input_path: str | Path,
+    options: IndexConfig | None = None,
+    *,
+    llm: LLMBackend | None = None,
+    embedder: Embedder | None = None,
+    cluster=None,
+) -> IndexSummary:
     """Add the documents at ``input_path`` (directory, .jsonl or .parquet) to an existing index;
     with a Ray ``cluster``, the new chunks' pairs and embeddings are made on its workers."""
     index = Path(index)
@@ -100,7 +117,9 @@ def add_documents(index: str | Path, input_path: str | Path, options: IndexConfi
         present = set(stored.tables["chunks"].column("doc_id").to_pylist())
         clash = sorted({c.doc_id for c in chunks} & present)
         if clash:
-            raise QCGError(f"{len(clash)} documents are in the index already (remove them first to replace them): {clash[:5]}")
+            raise QCGError(
+                f"{len(clash)} documents are in the index already (remove them first to replace them): {clash[:5]}"
+            )
 
         pairs = Pairs.empty()
         if config.nodes.nodes != "sentence":
@@ -111,8 +130,10 @@ def add_documents(index: str | Path, input_path: str | Path, options: IndexConfi
                 raise QCGError(f"the index's pairs come from {model_name}; got an LLM serving {llm.model_name}")
             pairs = generate_pairs(chunks, llm, model_name, config, summary)
         if summary.failed_chunks:
-            raise QCGError(f"{len(summary.failed_chunks)} new chunks got no LLM reply ({summary.failed_chunks[0][1]}); "
-                           "the index is unchanged; rerun to retry (replies made so far are cached)")
+            raise QCGError(
+                f"{len(summary.failed_chunks)} new chunks got no LLM reply ({summary.failed_chunks[0][1]}); "
+                "the index is unchanged; rerun to retry (replies made so far are cached)"
+            )
 
         with stage(summary, "load_embedder"):
             embedder = embedder or load_embedder(config.nodes, cluster)
@@ -122,20 +143,39 @@ def add_documents(index: str | Path, input_path: str | Path, options: IndexConfi
             embedded = embed_and_select(chunks, pairs, config.nodes, embedder)
         with stage(summary, "knn"):
             old_nodes = np.asarray(stored.index.node_embeddings, np.float32)
-            graph = add_nodes(stored.graph, old_nodes, embedded.node_embeddings, config.graph.knn_k, config.graph.knn_backend,
-                              config.nodes.device)
+            graph = add_nodes(
+                stored.graph,
+                old_nodes,
+                embedded.node_embeddings,
+                config.graph.knn_k,
+                config.graph.knn_backend,
+                config.nodes.device,
+            )
 
         counts = {name: table.num_rows for name, table in stored.tables.items()}
         new_tables = index_tables(chunks, pairs, embedded.nodes, counts["chunks"], counts["pairs"], counts["nodes"])
         tables = {name: pa.concat_tables([stored.tables[name], new_tables[name]]) for name in stored.tables}
-        new_arrays = {"chunk_embeddings": embedded.chunk_embeddings, "pair_embeddings": embedded.pair_embeddings,
-                      "node_embeddings": embedded.node_embeddings}
-        arrays = {name: np.concatenate([old, new_arrays[name].astype(old.dtype)]) for name, old in stored.arrays.items()}
-        summary.pairs_valid, summary.pairs_kept = len(pairs), int(pairs.kept.sum())
+        new_arrays = {
+            "chunk_embeddings": embedded.chunk_embeddings,
+            "pair_embeddings": embedded.pair_embeddings,
+            "node_embeddings": embedded.node_embeddings,
+        }
+        arrays = {
+            name: np.concatenate([old, new_arrays[name].astype(old.dtype)]) for name, old in stored.arrays.items()
+        }
+        summary.pairs_valid, summary.pairs_kept = len(pairs), len(pairs.kept_rows())
         summary.nodes, summary.edges = len(embedded.nodes.text), len(graph.indices)
         dropped = Counter(manifest["counts"].get("pairs_dropped", {})) + summary.dropped
-        _publish(index, manifest, tables, arrays, graph, summary, dropped,
-                 {"op": "add", "documents": summary.documents, "chunks": len(chunks)})
+        _publish(
+            index,
+            manifest,
+            tables,
+            arrays,
+            graph,
+            summary,
+            dropped,
+            {"op": "add", "documents": summary.documents, "chunks": len(chunks)},
+        )
     return summary
 
 
@@ -161,8 +201,14 @@ def remove_documents(index: str | Path, doc_ids: list[str]) -> IndexSummary:
         keep_node = keep_chunk[node_chunk]
 
         with stage(summary, "knn"):
-            graph = remove_nodes(stored.graph, np.asarray(stored.index.node_embeddings, np.float32), keep_node,
-                                 config.graph.knn_k, config.graph.knn_backend, config.nodes.device)
+            graph = remove_nodes(
+                stored.graph,
+                np.asarray(stored.index.node_embeddings, np.float32),
+                keep_node,
+                config.graph.knn_k,
+                config.graph.knn_backend,
+                config.nodes.device,
+            )
         chunks = stored.tables["chunks"].filter(pa.array(keep_chunk))
         chunks = chunks.set_column(0, "chunk_id", pa.array(np.arange(chunks.num_rows), pa.int64()))
         pairs = stored.tables["pairs"].filter(pa.array(keep_pair))
@@ -177,13 +223,29 @@ def remove_documents(index: str | Path, doc_ids: list[str]) -> IndexSummary:
         arrays = {name: stored.arrays[name][keep[name]] for name in ARRAYS}
         summary.documents, summary.chunks = len(set(doc_ids)), int((~keep_chunk).sum())
         summary.pairs_valid, summary.nodes = int((~keep_pair).sum()), int((~keep_node).sum())  # removed
-        _publish(index, manifest, {"chunks": chunks, "pairs": pairs, "nodes": nodes}, arrays, graph, summary,
-                 manifest["counts"].get("pairs_dropped", {}), {"op": "remove", "documents": sorted(set(doc_ids))})
+        _publish(
+            index,
+            manifest,
+            {"chunks": chunks, "pairs": pairs, "nodes": nodes},
+            arrays,
+            graph,
+            summary,
+            manifest["counts"].get("pairs_dropped", {}),
+            {"op": "remove", "documents": sorted(set(doc_ids))},
+        )
     return summary
 
 
-def _publish(index: Path, manifest: dict, tables: dict, arrays: dict, graph: KnnGraph, summary: IndexSummary,
-             dropped: dict, change: dict) -> None:
+def _publish(
+    index: Path,
+    manifest: dict,
+    tables: dict,
+    arrays: dict,
+    graph: KnnGraph,
+    summary: IndexSummary,
+    dropped: dict,
+    change: dict,
+) -> None:
     """Write the updated index as a new version and publish it; counts are taken from what is written."""
     chunks = tables["chunks"]
     pair_modes = manifest["settings"]["nodes"]["nodes"] != "sentence"

@@ -7,6 +7,7 @@ to it. A reader that loaded a version keeps reading that version (its files stay
 RETAIN_SECONDS after it is superseded), so a rebuild next to running queries changes nothing
 for them. A new index is assembled in a hidden sibling directory and renamed into place.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -56,7 +57,9 @@ class IndexWriter:
         self.out = Path(out)
         self.version = f"v-{uuid.uuid4().hex[:12]}"
         # replacing: the new version goes next to the live one; new: the whole index is assembled aside
-        self.root = self.out if (self.out / MANIFEST).exists() else self.out.with_name(f".{self.out.name}.tmp-{self.version}")
+        self.root = (
+            self.out if (self.out / MANIFEST).exists() else self.out.with_name(f".{self.out.name}.tmp-{self.version}")
+        )
         self.data = self.root / self.version
         self.data.mkdir(parents=True)
         self.files: dict[str, str] = {}
@@ -138,7 +141,10 @@ def read_manifest(index: str | Path) -> dict:
     except json.JSONDecodeError as exc:
         raise QCGError(f"{path} is corrupt: {exc}") from exc
     if manifest.get("format_version") not in READABLE_VERSIONS:
-        raise QCGError(f"{index} has index format {manifest.get('format_version')}; this qcg-gpu reads formats {', '.join(map(str, READABLE_VERSIONS))}")
+        raise QCGError(
+            f"{index} has index format {manifest.get('format_version')}; "
+            f"this qcg-gpu reads formats {', '.join(map(str, READABLE_VERSIONS))}"
+        )
     return manifest
 
 
@@ -151,8 +157,10 @@ def verify_file(index: str | Path, filename: str, manifest: dict) -> None:
     if not path.exists():
         raise QCGError(f"index {index} is missing {filename}")
     if _sha256(path) != expected:
-        raise QCGError(f"index {index}: {filename} does not match its checksum in manifest.json "
-                       f"(corrupt, or changed after it was written); run: qcg check {index}")
+        raise QCGError(
+            f"index {index}: {filename} does not match its checksum in manifest.json "
+            f"(corrupt, or changed after it was written); run: qcg check {index}"
+        )
 
 
 def load_array(index: str | Path, name: str, mmap: bool = True, manifest: dict | None = None) -> np.ndarray:
@@ -189,7 +197,9 @@ def csr_problems(indptr: np.ndarray, indices: np.ndarray, n_nodes: int) -> list[
         return [f"knn_indptr has {len(indptr)} entries for {n_nodes} nodes (expected {n_nodes + 1})"]
     problems = []
     if indptr[0] != 0 or indptr[-1] != len(indices):
-        problems.append(f"knn_indptr runs from {indptr[0]} to {indptr[-1]}, expected 0 to {len(indices)} (the edge count)")
+        problems.append(
+            f"knn_indptr runs from {indptr[0]} to {indptr[-1]}, expected 0 to {len(indices)} (the edge count)"
+        )
     elif (np.diff(indptr) < 0).any():
         problems.append("knn_indptr decreases")
     if len(indices) and (indices.min() < 0 or indices.max() >= n_nodes):

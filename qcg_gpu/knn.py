@@ -16,6 +16,7 @@ So faiss, torch CPU and torch CUDA give the same graph. :func:`add_nodes` and
 :func:`remove_nodes` update a graph to the one a rebuild would give, searching only the rows
 an update can change (incremental indexing).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ class KnnGraph:
         return 0 if len(self.indptr) < 2 else int(self.indptr[1] - self.indptr[0])
 
     @classmethod
-    def from_rows(cls, ids: np.ndarray, scores: np.ndarray) -> "KnnGraph":
+    def from_rows(cls, ids: np.ndarray, scores: np.ndarray) -> KnnGraph:
         """The graph whose row i is ``ids[i]`` (an (N, k) array) with ``scores[i]``."""
         n, k = ids.shape
         return cls(np.arange(n + 1, dtype=np.int64) * k, ids.reshape(-1), scores.reshape(-1))
@@ -69,8 +70,9 @@ def knn_graph(embeddings: np.ndarray, k: int, backend: str = "auto", device: str
     return KnnGraph.from_rows(*rank_candidates(emb, candidates, k_eff))
 
 
-def add_nodes(graph: KnnGraph, old: np.ndarray, new: np.ndarray, k: int, backend: str = "auto",
-              device: str | None = None) -> KnnGraph:
+def add_nodes(
+    graph: KnnGraph, old: np.ndarray, new: np.ndarray, k: int, backend: str = "auto", device: str | None = None
+) -> KnnGraph:
     """The kNN graph of ``old`` followed by ``new``, from the graph of ``old``, equal to
     ``knn_graph(concat(old, new), k)`` without the all-pairs search: the new rows are searched
     over every node; an old row is re-ranked only when a new node comes close enough to enter
@@ -94,7 +96,11 @@ def add_nodes(graph: KnnGraph, old: np.ndarray, new: np.ndarray, k: int, backend
         candidates = np.concatenate([edges[changed], new_of_old[changed]], axis=1)
         ids[changed], scores[changed] = rank_candidates(emb, candidates, k_eff, rows=changed)
         if width < len(new):  # a tie with the last new candidate may continue past it: rank those rows fully
-            weakest_new = pair_scores(emb, np.repeat(changed, width), new_of_old[changed].reshape(-1)).reshape(-1, width).min(axis=1)
+            weakest_new = (
+                pair_scores(emb, np.repeat(changed, width), new_of_old[changed].reshape(-1))
+                .reshape(-1, width)
+                .min(axis=1)
+            )
             for row in changed[scores[changed, -1] <= weakest_new.astype(np.float32)]:
                 ids[row], scores[row] = _rank_row_fully(emb, row, k_eff)
     new_rows = np.arange(n_old, n)
@@ -103,8 +109,9 @@ def add_nodes(graph: KnnGraph, old: np.ndarray, new: np.ndarray, k: int, backend
     return KnnGraph.from_rows(ids, scores)
 
 
-def remove_nodes(graph: KnnGraph, emb: np.ndarray, keep: np.ndarray, k: int, backend: str = "auto",
-                 device: str | None = None) -> KnnGraph:
+def remove_nodes(
+    graph: KnnGraph, emb: np.ndarray, keep: np.ndarray, k: int, backend: str = "auto", device: str | None = None
+) -> KnnGraph:
     """The kNN graph of ``emb[keep]`` (ids renumbered in order), equal to ``knn_graph(emb[keep], k)``:
     only rows that lost an out-neighbour are searched again."""
     kept = np.ascontiguousarray(emb[keep], dtype=np.float32)
@@ -123,8 +130,9 @@ def remove_nodes(graph: KnnGraph, emb: np.ndarray, keep: np.ndarray, k: int, bac
     return KnnGraph.from_rows(ids, scores)
 
 
-def search_candidates(queries: np.ndarray, base: np.ndarray, width: int, backend: str = "auto",
-                      device: str | None = None) -> np.ndarray:
+def search_candidates(
+    queries: np.ndarray, base: np.ndarray, width: int, backend: str = "auto", device: str | None = None
+) -> np.ndarray:
     """The ``width`` nodes of ``base`` most similar to each query, by a float32 search (ranked exactly later)."""
     if backend == "auto":
         backend = "faiss" if WITH_FAISS else "torch"
@@ -147,7 +155,10 @@ def faiss_candidates(queries: np.ndarray, base: np.ndarray, width: int) -> np.nd
 
 def torch_candidates(queries: np.ndarray, base: np.ndarray, width: int, device: str) -> np.ndarray:
     torch = require("torch")
-    x, q = torch.from_numpy(np.ascontiguousarray(base)).to(device), torch.from_numpy(np.ascontiguousarray(queries)).to(device)
+    x, q = (
+        torch.from_numpy(np.ascontiguousarray(base)).to(device),
+        torch.from_numpy(np.ascontiguousarray(queries)).to(device),
+    )
     rows = max(1, min(4096, SIMILARITY_TILE_ELEMENTS // max(len(base), 1)))
     out = []
     with torch.inference_mode():
@@ -169,15 +180,20 @@ def _best_first(ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
     return np.take_along_axis(by_id, by_score, axis=1)
 
 
-def rank_candidates(emb: np.ndarray, candidates: np.ndarray, k: int,
-                    rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def rank_candidates(
+    emb: np.ndarray, candidates: np.ndarray, k: int, rows: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """The k best of each row's candidates (row ``rows[i]`` of ``emb``, default i) by exact score, ties by lower id."""
     n, width = len(emb), candidates.shape[1]
     row_ids = np.arange(len(candidates)) if rows is None else np.asarray(rows, np.int64)
     out_ids = np.empty((len(candidates), k), dtype=np.int64)
     out_scores = np.empty((len(candidates), k), dtype=np.float32)
-    for start in progress_bar(range(0, len(candidates), RERANK_TILE_ROWS), desc="rank kNN edges", unit="tile",
-                              disable=len(candidates) <= RERANK_TILE_ROWS):
+    for start in progress_bar(
+        range(0, len(candidates), RERANK_TILE_ROWS),
+        desc="rank kNN edges",
+        unit="tile",
+        disable=len(candidates) <= RERANK_TILE_ROWS,
+    ):
         cand = candidates[start : start + RERANK_TILE_ROWS]
         rows = row_ids[start : start + len(cand)]
         valid = (cand >= 0) & (cand != rows[:, None])  # faiss pads with -1; self is never a neighbour

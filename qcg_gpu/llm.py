@@ -8,16 +8,16 @@
 A request that fails for good comes back with ``error`` set, never as an
 exception, so one bad request cannot sink a batch of thousands.
 """
+
 from __future__ import annotations
 
 import importlib
 import os
 import sys
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence
-
 
 from .capabilities import require, with_cuda
 from .config import GenerationConfig
@@ -35,7 +35,7 @@ class SamplingSpec:
     max_tokens: int
     seed: int
     repetition_penalty: float = 1.0
-    json_schema: Optional[dict] = None
+    json_schema: dict | None = None
     compact_json: bool = False  # structured output without optional whitespace (vLLM): fewer output tokens
 
 
@@ -44,8 +44,8 @@ class Completion:
     text: str = ""
     prompt_tokens: int = 0
     output_tokens: int = 0
-    finish_reason: Optional[str] = None
-    error: Optional[str] = None
+    finish_reason: str | None = None
+    error: str | None = None
 
 
 class LLMBackend:
@@ -57,8 +57,9 @@ class LLMBackend:
     def chat(self, conversations: list[Conversation], sampling: SamplingSpec) -> list[Completion]:
         raise NotImplementedError
 
-    def chat_batches(self, conversations: list[Conversation], sampling: SamplingSpec,
-                     batch_size: int) -> Iterator[tuple[Sequence[int], list[Completion]]]:
+    def chat_batches(
+        self, conversations: list[Conversation], sampling: SamplingSpec, batch_size: int
+    ) -> Iterator[tuple[Sequence[int], list[Completion]]]:
         """(rows, completions) as they finish, so a caller can store each: here one ``chat`` call per
         ``batch_size`` conversations; engines that stream (vLLM) or schedule batches themselves (Ray)
         hand over finished requests sooner."""
@@ -69,7 +70,11 @@ class LLMBackend:
 
 def llm_name(config: GenerationConfig) -> str:
     """The name a backend made from ``config`` reports (and generation cache keys use), without loading it."""
-    return llm_identity(config.model) if config.backend == "vllm" else config.model
+    if config.backend == "vllm":
+        return llm_identity(config.model)
+    if not config.model:
+        raise QCGError(f"--backend {config.backend} needs --model (the served model's name)")
+    return config.model
 
 
 def make_backend(config: GenerationConfig) -> LLMBackend:
@@ -150,8 +155,10 @@ class VLLMBackend(LLMBackend):
         from vllm.sampling_params import StructuredOutputsParams
 
         if sampling.compact_json != self.compact_json:
-            raise QCGError(f"this vLLM engine was loaded with compact_json={self.compact_json}; the request asks for "
-                           f"{sampling.compact_json} (load the backend with the same setting)")
+            raise QCGError(
+                f"this vLLM engine was loaded with compact_json={self.compact_json}; the request asks for "
+                f"{sampling.compact_json} (load the backend with the same setting)"
+            )
         structured = StructuredOutputsParams(json=sampling.json_schema) if sampling.json_schema else None
         return SamplingParams(
             temperature=sampling.temperature,
@@ -213,7 +220,9 @@ class VLLMBackend(LLMBackend):
                 finished += [(position.pop(out.request_id), _completion(out)) for out in engine.step() if out.finished]
                 if finished:
                     output_tokens += sum(c.output_tokens for _, c in finished)
-                    bar.set_postfix_str(f"{output_tokens / max(bar.format_dict['elapsed'], 1e-9):.1f} output tok/s", refresh=False)
+                    bar.set_postfix_str(
+                        f"{output_tokens / max(bar.format_dict['elapsed'], 1e-9):.1f} output tok/s", refresh=False
+                    )
                     bar.update(len(finished))
                     done, finished = finished, refill()
                     yield done
@@ -241,7 +250,7 @@ def _completion(output) -> Completion:
 class OpenAIBackend(LLMBackend):
     def __init__(self, config: GenerationConfig):
         openai = require("openai")
-        self.model_name = config.model
+        self.model_name = llm_name(config)
         self.concurrency = config.concurrency
         # The client retries 408/409/429/5xx and connection errors with exponential backoff and jitter.
         self.client = openai.OpenAI(
@@ -252,7 +261,7 @@ class OpenAIBackend(LLMBackend):
         )
 
     def _one(self, conversation: Conversation, sampling: SamplingSpec) -> Completion:
-        extra = {}
+        extra: dict = {}
         if sampling.repetition_penalty != 1.0:  # a vLLM/llama.cpp extension of the OpenAI API
             extra["extra_body"] = {"repetition_penalty": sampling.repetition_penalty}
         if sampling.json_schema:

@@ -1,6 +1,7 @@
 """Progress and messages through ``logging``: at INFO (the default) the "qcg_gpu" logger prints
 each stage as it starts and long work shows tqdm bars; at WARNING (``qcg ... --quiet``, or
 ``logging.getLogger("qcg_gpu").setLevel(logging.WARNING)`` in Python) both stay silent."""
+
 from __future__ import annotations
 
 import logging

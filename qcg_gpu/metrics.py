@@ -1,5 +1,6 @@
 """Evaluation metrics: retrieval quality without any LLM, answer quality against the gold answer,
 and the LLM-as-judge verdict (prompt and robust parsing)."""
+
 from __future__ import annotations
 
 import re
@@ -7,6 +8,7 @@ import string
 from collections import Counter
 
 # --- retrieval (documents of the top-K chunks vs the question's evidence documents) -------
+
 
 def evidence_recall(retrieved_docs: list[str], evidence: list[str]) -> float:
     """Fraction of the evidence documents among the retrieved chunks' documents."""
@@ -54,13 +56,16 @@ def token_f1(prediction: str, gold: str) -> float:
 
 # What an answer declines on: the sources ("the excerpts do not mention ..."), never a person or a
 # thing in them ("Adam does not mention any pets" and "an unknown number" are answers).
-_SOURCE = (r"(the |these |those )?(given |provided |above )?(text|context|documents?|excerpts?|passages?|conversations?"
-           r"|chats?|chunks?|sources?|records?|logs?)")
+_SOURCE = (
+    r"(the |these |those )?(given |provided |above )?(text|context|documents?|excerpts?|passages?|conversations?"
+    r"|chats?|chunks?|sources?|records?|logs?)"
+)
 _ABSTENTION = re.compile(
     r"insufficient information|not enough information|no (relevant |such )?information|there is no (mention|record)"
     rf"|{_SOURCE} (does|do|did) not (say|mention|contain|provide|specify|state|include|give)"
     rf"|not (mentioned|specified|provided|stated|given|included) in {_SOURCE}"
-    r"|cannot (be )?(determine|answer)|can ?not (be )?(determined|answered)|unable to (determine|answer)|i (do not|don't) know"
+    r"|cannot (be )?(determine|answer)|can ?not (be )?(determined|answered)|unable to (determine|answer)|i (do "
+    r"not|don't) know"
 )
 
 
@@ -81,7 +86,11 @@ JUDGE_SYSTEM_PROMPT = (
 def judge_conversation(question: str, gold: str, candidate: str) -> list[dict]:
     return [
         {"role": "system", "content": JUDGE_SYSTEM_PROMPT},
-        {"role": "user", "content": f"Question: {question}\nGold answer: {gold}\nCandidate answer: {candidate}\n\nVerdict (correct or incorrect):"},
+        {
+            "role": "user",
+            "content": f"Question: {question}\nGold answer: {gold}\nCandidate answer: {candidate}\n\n"
+            "Verdict (correct or incorrect):",
+        },
     ]
 
 
@@ -93,7 +102,8 @@ def parse_verdict(reply: str) -> bool | None:
     """The judge's verdict: its first grade word (``Incorrect.``, ``**Correct**``, ``not correct``) wherever it
     stands, else its first yes/no-like word (``Verdict: no``); None if it has neither.
 
-    Grade words win over yes/no words: "No contradiction, correct" is correct, "True, the answer is incorrect" is not."""
+    Grade words win over yes/no words: "No contradiction, correct" is correct, "True, the answer is
+    incorrect" is not."""
     text = reply.lower()
     if grade := _GRADES.search(text):
         return grade.group(1) == "correct"

@@ -8,6 +8,7 @@ against their sha256, then converted once to a HF directory in the user cache
 
 ``qcg models`` lists them and installs the ones not installed by default.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -111,7 +112,11 @@ def _package_dir(package: str, install: str) -> Path:
 def llm_identity(name: str | None) -> str:
     """The name an LLM is recorded under (manifests, cache keys), without loading it."""
     packaged = packaged_llm(name)
-    return packaged.name if packaged else name
+    if packaged:
+        return packaged.name
+    if name is None:
+        raise QCGError("no LLM named and no bundled one installed")
+    return name
 
 
 def resolve_model(name: str | None, default: str) -> tuple[str, str]:
@@ -120,6 +125,8 @@ def resolve_model(name: str | None, default: str) -> tuple[str, str]:
         return str(bundled_embedder_dir()), DEFAULT_EMBEDDER
     if default == DEFAULT_LLM and (packaged := packaged_llm(name)):
         return str(packaged.hf_dir()), packaged.name
+    if name is None:
+        raise QCGError(f"no model named and no bundled {default} installed")
     expanded = Path(name).expanduser()
     if expanded.exists():
         return str(expanded.resolve()), name
@@ -161,8 +168,10 @@ def _join_checked(parts: list[Path], target: Path, sha256: str | None) -> None:
                         digest.update(block)
                         out.write(block)
         if sha256 and digest.hexdigest() != sha256:
-            raise QCGError(f"{target.name}: sha256 {digest.hexdigest()} of the joined parts is not the published "
-                           f"{sha256}; reinstall the model's packages")
+            raise QCGError(
+                f"{target.name}: sha256 {digest.hexdigest()} of the joined parts is not the published "
+                f"{sha256}; reinstall the model's packages"
+            )
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
@@ -178,11 +187,13 @@ def convert_gguf(gguf: Path, target: Path) -> None:
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, quantization_config=GgufConfig(gguf_file=str(gguf), dequantize=True),
+            gguf.parent,
+            gguf_file=gguf.name,
+            quantization_config=GgufConfig(gguf_file=str(gguf), dequantize=True),
             dtype=torch.bfloat16,  # vLLM casts to bf16 on load anyway; stored so, the folder is half the size
         )
         # The weights are dense now; a quantizer left attached would be saved into config.json.
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.save_pretrained(tmp)

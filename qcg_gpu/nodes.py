@@ -3,6 +3,7 @@
 ``qa`` (default) ``q ⊕ a``; ``q`` question only; ``a`` answer only — all from
 the kept pairs; ``sentence``: each sentence of each chunk, no LLM involved.
 """
+
 from __future__ import annotations
 
 import re
@@ -31,9 +32,15 @@ class Nodes:
     from_pairs: bool = True  # source_index names pairs.parquet rows (False: sentence numbers)
 
 
-def pair_nodes(mode: str, pair_rows: np.ndarray, chunk_id: np.ndarray, questions: list[str], answers: list[str]) -> Nodes:
+def pair_nodes(
+    mode: str, pair_rows: np.ndarray, chunk_id: np.ndarray, questions: list[str], answers: list[str]
+) -> Nodes:
     """Nodes for the kept pairs ``pair_rows`` (rows of pairs.parquet), in that order."""
-    pick = {"qa": lambda i: pair_text(questions[i], answers[i]), "q": lambda i: questions[i], "a": lambda i: answers[i]}[mode]
+    pick = {
+        "qa": lambda i: pair_text(questions[i], answers[i]),
+        "q": lambda i: questions[i],
+        "a": lambda i: answers[i],
+    }[mode]
     return Nodes(chunk_id[pair_rows], pair_rows.astype(np.int64), [pick(i) for i in pair_rows])
 
 

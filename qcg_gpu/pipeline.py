@@ -3,6 +3,7 @@ as a sequence over the stage library (``stages.py``, ``generation.py``).
 
 :func:`build_index` is the Python API behind ``qcg index``.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,8 +13,18 @@ from .embedding import Embedder
 from .generation import generate_pairs
 from .index_format import check_writable
 from .llm import LLMBackend, llm_name
-from .stages import (IndexSummary, Pairs, build_graph, build_manifest, embed_and_select, index_tables, load_embedder,
-                     read_chunks, stage, write_index)
+from .stages import (
+    IndexSummary,
+    Pairs,
+    build_graph,
+    build_manifest,
+    embed_and_select,
+    index_tables,
+    load_embedder,
+    read_chunks,
+    stage,
+    write_index,
+)
 
 
 def build_index(
@@ -58,13 +69,19 @@ def build_index(
     with stage(summary, "knn"):
         graph = build_graph(embedded.node_embeddings, config, cluster)
 
-    summary.pairs_valid, summary.pairs_kept = len(pairs), int(pairs.kept.sum())
+    summary.pairs_valid, summary.pairs_kept = len(pairs), len(pairs.kept_rows())
     summary.nodes, summary.edges = len(embedded.nodes.text), len(graph.indices)
     arrays = {
         "chunk_embeddings": embedded.chunk_embeddings,
         "pair_embeddings": embedded.pair_embeddings.astype(config.nodes.embedding_dtype),
         "node_embeddings": embedded.node_embeddings.astype(config.nodes.embedding_dtype),
     }
-    write_index(out, index_tables(chunks, pairs, embedded.nodes), arrays, graph,
-                build_manifest(config, summary, model_name, embedder), summary)
+    write_index(
+        out,
+        index_tables(chunks, pairs, embedded.nodes),
+        arrays,
+        graph,
+        build_manifest(config, summary, model_name, embedder),
+        summary,
+    )
     return summary

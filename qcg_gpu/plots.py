@@ -1,4 +1,5 @@
 """Sweep plots like the paper's Figures 3-6: one panel per metric, the swept parameter on x."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +7,12 @@ from pathlib import Path
 from .capabilities import require
 
 PANELS = ("judge", "recall", "mrr")  # the first of these a sweep has goes in the left panel
-LABELS = {"judge": "judge accuracy (%)", "recall": "evidence recall@K (%)", "mrr": "MRR (x100)", "hit": "all evidence@K (%)"}
+LABELS = {
+    "judge": "judge accuracy (%)",
+    "recall": "evidence recall@K (%)",
+    "mrr": "MRR (x100)",
+    "hit": "all evidence@K (%)",
+}
 
 
 def plot_sweep(name: str, rows: list[dict], path: str | Path) -> None:
@@ -22,8 +28,12 @@ def plot_sweep(name: str, rows: list[dict], path: str | Path) -> None:
     for ax, metric in zip(axes[0], metrics):
         for value in dict.fromkeys(row.get(series) for row in rows):
             line = [row for row in rows if row.get(series) == value]
-            ax.plot([row[x] for row in line], [100 * row[metric] for row in line], marker="o",
-                    label=f"{series} = {value}" if series else None)
+            ax.plot(
+                [row[x] for row in line],
+                [100 * row[metric] for row in line],
+                marker="o",
+                label=f"{series} = {value}" if series else None,
+            )
         ax.set_xlabel({"knn_k": "k (kNN neighbours)", "n": "n (most seed nodes)", "hops": "h (hops)"}.get(x, x))
         ax.set_ylabel(LABELS[metric])
         ax.grid(alpha=0.3)

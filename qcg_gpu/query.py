@@ -1,5 +1,6 @@
 """``qcg query`` / ``qcg answer`` plumbing: read a batch of queries, embed it with the
 index's own embedder, retrieve, and describe each result as one JSON object."""
+
 from __future__ import annotations
 
 import json
@@ -21,6 +22,8 @@ def read_queries(query: str | None = None, path: str | Path | None = None) -> tu
         if not query.strip():
             raise QCGError("the query is empty")
         return ["0"], [query.strip()]
+    if path is None:
+        raise QCGError("give a query or a queries file")
     path = Path(path)
     if not path.exists():
         raise QCGError(f"queries file not found: {path}")
@@ -60,17 +63,24 @@ def load_query_embeddings(path: str | Path) -> np.ndarray:
         raise QCGError(f"cannot read query embeddings {path}: {exc}") from exc
 
 
-def describe(index: QCGIndex, ids: list[str], texts: list[str] | None, result: RetrievalResult,
-             config: RetrievalConfig, queries: np.ndarray | None = None) -> list[dict]:
+def describe(
+    index: QCGIndex,
+    ids: list[str],
+    texts: list[str] | None,
+    result: RetrievalResult,
+    config: RetrievalConfig,
+    queries: np.ndarray | None = None,
+) -> list[dict]:
     """One JSON-ready record per query; a trace when ``queries`` (their embeddings) is given."""
     doc_ids = index.chunks.column("doc_id").to_pylist()
     records = []
     for b, query_id in enumerate(ids):
         chunks = [
             {"chunk_id": int(c), "doc_id": doc_ids[c], "score": round(float(s), 6)}
-            for c, s in zip(result.chunk_ids[b], result.scores[b]) if c >= 0
+            for c, s in zip(result.chunk_ids[b], result.scores[b])
+            if c >= 0
         ]
-        record = {"query_id": query_id, **({"query": texts[b]} if texts else {}), "chunks": chunks}
+        record: dict = {"query_id": query_id, **({"query": texts[b]} if texts else {}), "chunks": chunks}
         if queries is not None:
             record["trace"] = trace_query(index, queries[b], result.seed_ids[b], result.seed_sims[b], config.hops)
         records.append(record)

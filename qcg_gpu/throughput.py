@@ -1,5 +1,6 @@
 """The generation runs measured on this machine: every build that generates appends its rate to
 ``throughput.jsonl`` next to its generation cache, and ``qcg index --dry-run`` plans from them."""
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,18 @@ def record_throughput(gen, model: str, chunks: int, output_tokens: int, seconds:
     engines that shared the run (their rate includes starting them), 1 for one process."""
     if not chunks or seconds <= 0:
         return
-    entry = {"unix": time.time(), "host": platform.node(), "model": model, "backend": gen.backend, "m": gen.m, "chunks": chunks,
-             "workers": workers, "output_tokens": output_tokens, "seconds": round(seconds, 2),
-             "tokens_per_s": round(output_tokens / seconds, 1)}
+    entry = {
+        "unix": time.time(),
+        "host": platform.node(),
+        "model": model,
+        "backend": gen.backend,
+        "m": gen.m,
+        "chunks": chunks,
+        "workers": workers,
+        "output_tokens": output_tokens,
+        "seconds": round(seconds, 2),
+        "tokens_per_s": round(output_tokens / seconds, 1),
+    }
     path = throughput_log(gen)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as fh:
@@ -41,6 +51,11 @@ def measured_runs(gen, model: str) -> list[dict]:
                 run = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut by a crash
-            if (run.get("model"), run.get("backend"), run.get("host"), run.get("workers", 1)) == (model, backend, platform.node(), 1):
+            if (run.get("model"), run.get("backend"), run.get("host"), run.get("workers", 1)) == (
+                model,
+                backend,
+                platform.node(),
+                1,
+            ):
                 runs.append(run)
     return sorted(runs, key=lambda r: -r["output_tokens"])

@@ -5,10 +5,10 @@ node texts (question only, answer only, or the chunks' sentences, which are embe
 
 With the index's own settings the variant equals the stored index exactly.
 """
+
 from __future__ import annotations
 
 import copy
-from typing import Optional
 
 import numpy as np
 
@@ -20,8 +20,14 @@ from .retrieval import QCGIndex
 from .stages import Pairs, build_nodes
 
 
-def derive_index(index: QCGIndex, *, alpha: Optional[float] = None, knn_k: Optional[int] = None,
-                 nodes: Optional[str] = None, embedder: Optional[Embedder] = None) -> QCGIndex:
+def derive_index(
+    index: QCGIndex,
+    *,
+    alpha: float | None = None,
+    knn_k: int | None = None,
+    nodes: str | None = None,
+    embedder: Embedder | None = None,
+) -> QCGIndex:
     """``index`` rebuilt from its stored pairs with other settings (None keeps the index's own)."""
     settings = copy.deepcopy(index.manifest["settings"])
     alpha = settings["nodes"]["alpha"] if alpha is None else alpha
@@ -39,19 +45,30 @@ def derive_index(index: QCGIndex, *, alpha: Optional[float] = None, knn_k: Optio
     settings["nodes"].update(alpha=alpha, nodes=nodes)
     settings["graph"]["knn_k"] = knn_k
     manifest = {**index.manifest, "settings": settings, "derived_from": str(index.path)}
-    variant = QCGIndex(index.path, manifest, np.ascontiguousarray(node_emb, dtype=np.float32), graph.indptr, graph.indices,
-                       node_chunk, index.n_chunks, verified=index.verified, data=index.data)
+    variant = QCGIndex(
+        index.path,
+        manifest,
+        np.ascontiguousarray(node_emb, dtype=np.float32),
+        graph.indptr,
+        graph.indices,
+        node_chunk,
+        index.n_chunks,
+        verified=index.verified,
+        data=index.data,
+    )
     variant.__dict__["chunks"] = index.chunks  # share the cached chunks table
     return variant
 
 
-def _rebuild_nodes(index: QCGIndex, alpha: float, nodes: str, embedder: Optional[Embedder]):
+def _rebuild_nodes(index: QCGIndex, alpha: float, nodes: str, embedder: Embedder | None):
     """Nodes and embeddings from the stored pairs re-filtered at ``alpha`` (or the chunks' sentences)."""
     if nodes != "qa" and embedder is None:
         raise QCGError(f"node text {nodes!r} needs an embedder to embed the new nodes")
     pairs = Pairs.from_table(index.table("pairs"))
     if nodes != "sentence" and not len(pairs):
-        raise QCGError(f"{index.path} holds no generated pairs (built with --nodes sentence?); only the sentence variant applies")
+        raise QCGError(
+            f"{index.path} holds no generated pairs (built with --nodes sentence?); only the sentence variant applies"
+        )
     pairs.select(alpha)
     pair_emb = np.asarray(index.array("pair_embeddings"), dtype=np.float32)
     node_set, node_emb = build_nodes(nodes, index.chunk_texts(), pairs, pair_emb, embedder)

@@ -1,4 +1,5 @@
 """Shared fixtures: the bundled LiHuaWorld sample, and real models loaded once per session."""
+
 from __future__ import annotations
 
 import os
@@ -12,12 +13,26 @@ from pathlib import Path
 
 import pytest
 
-from qcg_gpu.capabilities import with_cuda
+from qcg_gpu.capabilities import WITH_FAISS, WITH_TORCH, with_cuda
 from qcg_gpu.models import bundled_llm_dir as _bundled_llm_dir
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_DOCS = REPO / "examples" / "lihuaworld_sample" / "docs"
+# Every device- or backend-parametrised test takes its list from here: each runs on CPU, and on
+# the GPU too where one is present (and faiss where it is installed).
 DEVICES = ["cpu"] + (["cuda"] if with_cuda() else [])
+KNN_BACKENDS = [("torch", device) for device in DEVICES] + ([("faiss", None)] if WITH_FAISS else [])
+RETRIEVAL_BACKENDS = [pytest.param({"backend": "numpy", "prefilter": "off"}, id="numpy")]
+RETRIEVAL_BACKENDS += [pytest.param({"backend": "numpy", "prefilter": "bf16"}, id="numpy-bf16")] if WITH_TORCH else []
+RETRIEVAL_BACKENDS += (
+    [
+        pytest.param({"backend": "torch", "device": d, "prefilter": p}, id=f"torch-{d}-{p}")
+        for d in DEVICES
+        for p in ("off", "bf16")
+    ]
+    if WITH_TORCH
+    else []
+)
 
 
 def sample_docs(directory: Path, n: int) -> Path:
@@ -67,7 +82,9 @@ def small_index(tmp_path_factory, vllm_backend, embedder) -> Path:
 
 def qcg(*args, timeout=600):
     """Run the qcg command line in a fresh process."""
-    return subprocess.run([sys.executable, "-m", "qcg_gpu.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "qcg_gpu.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def free_port() -> int:
@@ -83,9 +100,23 @@ def vllm_server(tmp_path_factory):
     log = open(tmp_path_factory.mktemp("server") / "server.log", "w")
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(_bundled_llm_dir()),
-         "--served-model-name", "smollm2", "--enforce-eager", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT, env=env,
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(_bundled_llm_dir()),
+            "--served-model-name",
+            "smollm2",
+            "--enforce-eager",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
     )
     url = f"http://127.0.0.1:{port}/v1"
     deadline = time.time() + 300

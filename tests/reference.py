@@ -1,5 +1,6 @@
 """A plain per-query reference of QCG retrieval (METHOD.md), written for tests only:
 Python sets, one query at a time, no batching, no kernels."""
+
 from __future__ import annotations
 
 import numpy as np

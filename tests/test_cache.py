@@ -9,7 +9,10 @@ def test_roundtrip_and_persistence(tmp_path):
     cache.put_many({"a": {"text": "reply a", "output_tokens": 3}, "b": {"text": "reply b"}})
     cache.close()
     reopened = GenerationCache(path)
-    assert reopened.get_many(["a", "b", "c"]) == {"a": {"text": "reply a", "output_tokens": 3}, "b": {"text": "reply b"}}
+    assert reopened.get_many(["a", "b", "c"]) == {
+        "a": {"text": "reply a", "output_tokens": 3},
+        "b": {"text": "reply b"},
+    }
     assert len(reopened) == 2
 
 

@@ -76,7 +76,9 @@ def test_hf_tokenizer_counts_its_own_tokens():
     text = _long_text()
     chunks = list(chunk_document("d", [text], tokenizer, ChunkingConfig(128, 16)))
     assert len(chunks) > 3
-    assert all(len(tokenizer.token_starts(c.text)) <= 128 + 2 for c in chunks)  # re-tokenising a cut may merge at most at the edges
+    assert all(
+        len(tokenizer.token_starts(c.text)) <= 128 + 2 for c in chunks
+    )  # re-tokenising a cut may merge at most at the edges
 
 
 def test_multibyte_text_is_never_cut_inside_a_character():

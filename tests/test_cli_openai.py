@@ -1,4 +1,5 @@
 """The CLI, and the OpenAI-compatible backend against a real vLLM server process on loopback."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,24 @@ from .conftest import free_port, qcg
 @pytest.mark.llm
 def test_index_through_openai_server(vllm_server, few_docs, tmp_path):
     out = tmp_path / "idx"
-    result = qcg("index", few_docs, out, "--backend", "openai", "--base-url", vllm_server, "--model", "smollm2",
-                 "--m", 3, "--concurrency", 4, "--cache", tmp_path / "cache.sqlite", "--quiet")
+    result = qcg(
+        "index",
+        few_docs,
+        out,
+        "--backend",
+        "openai",
+        "--base-url",
+        vllm_server,
+        "--model",
+        "smollm2",
+        "--m",
+        3,
+        "--concurrency",
+        4,
+        "--cache",
+        tmp_path / "cache.sqlite",
+        "--quiet",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "index written to" in result.stdout and "4 chunks generated" in result.stdout
     manifest = read_manifest(out)
@@ -23,15 +40,48 @@ def test_index_through_openai_server(vllm_server, few_docs, tmp_path):
     pairs = load_table(out, "pairs").to_pylist()
     assert pairs and all(p["question"] and p["answer"] for p in pairs)
 
-    rerun = qcg("index", few_docs, out, "--overwrite", "--backend", "openai", "--base-url", vllm_server, "--model", "smollm2",
-                "--m", 3, "--cache", tmp_path / "cache.sqlite", "--quiet")
+    rerun = qcg(
+        "index",
+        few_docs,
+        out,
+        "--overwrite",
+        "--backend",
+        "openai",
+        "--base-url",
+        vllm_server,
+        "--model",
+        "smollm2",
+        "--m",
+        3,
+        "--cache",
+        tmp_path / "cache.sqlite",
+        "--quiet",
+    )
     assert rerun.returncode == 0 and "0 chunks generated, 4 from cache" in rerun.stdout
 
 
 def test_unreachable_server_fails_chunks_not_the_run(few_docs, tmp_path):
     out = tmp_path / "idx"
-    result = qcg("index", few_docs, out, "--backend", "openai", "--base-url", f"http://127.0.0.1:{free_port()}/v1",
-                 "--model", "x", "--m", 3, "--max-retries", 1, "--request-timeout", 5, "--cache", tmp_path / "c.sqlite", "--quiet")
+    result = qcg(
+        "index",
+        few_docs,
+        out,
+        "--backend",
+        "openai",
+        "--base-url",
+        f"http://127.0.0.1:{free_port()}/v1",
+        "--model",
+        "x",
+        "--m",
+        3,
+        "--max-retries",
+        1,
+        "--request-timeout",
+        5,
+        "--cache",
+        tmp_path / "c.sqlite",
+        "--quiet",
+    )
     assert result.returncode == 3, result.stderr[-2000:]
     assert "FAILED chunks (no LLM reply; rerun to retry): [0, 1, 2, 3]" in result.stdout
     assert "APIConnectionError" in result.stdout
@@ -61,8 +111,22 @@ def test_bad_input_gets_one_clear_line(args, message, few_docs, tmp_path):
 
 @pytest.mark.llm
 def test_answer_through_openai_server(vllm_server, small_index):
-    result = qcg("answer", small_index, "--query", "What house rule does Adam mention?", "--gamma", "1.0",
-                 "--backend", "openai", "--base-url", vllm_server, "--model", "smollm2", "--max-answer-tokens", 40)
+    result = qcg(
+        "answer",
+        small_index,
+        "--query",
+        "What house rule does Adam mention?",
+        "--gamma",
+        "1.0",
+        "--backend",
+        "openai",
+        "--base-url",
+        vllm_server,
+        "--model",
+        "smollm2",
+        "--max-answer-tokens",
+        40,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     [record] = [json.loads(line) for line in result.stdout.splitlines()]
     assert record["chunks"] and isinstance(record["answer"], str) and record["answer"]

@@ -1,5 +1,6 @@
 """Many processes query one index while new versions of it are published next to them: every reader
 keeps seeing one complete, self-consistent version (never a missing or mixed one)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -47,8 +48,15 @@ def test_readers_keep_a_consistent_version_while_rebuilds_publish(tmp_path, embe
     index, stop = tmp_path / "index", tmp_path / "stop"
     build_index(docs, index, _config(64), embedder=embedder)
     ready = [tmp_path / f"ready{i}" for i in range(3)]
-    readers = [subprocess.Popen([sys.executable, "-c", READER, str(index), str(stop), str(flag)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True) for flag in ready]
+    readers = [
+        subprocess.Popen(
+            [sys.executable, "-c", READER, str(index), str(stop), str(flag)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for flag in ready
+    ]
     try:
         deadline = time.monotonic() + 300
         while not all(flag.exists() for flag in ready) and time.monotonic() < deadline:  # every reader is querying

@@ -1,5 +1,6 @@
 """SIGKILL of a real `qcg index` process at each stage: nothing half-written is ever visible, the
 previous index stays sound, and the rerun reuses every finished LLM batch."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,13 @@ from .conftest import qcg, sample_docs
 
 def _start(*args):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "qcg_gpu.cli", "index", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "qcg_gpu.cli", "index", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
 
 
 def _kill_at(process, marker: str, timeout: float = 600) -> str:
@@ -66,7 +72,9 @@ def _chunks_at_300(docs) -> int:
     from qcg_gpu.documents import SkipLog, read_documents
 
     tokenizer, config = load_tokenizer("cl100k_base"), ChunkingConfig(chunk_tokens=300)
-    return sum(len(list(chunk_document(d.doc_id, d.pieces(), tokenizer, config))) for d in read_documents(docs, SkipLog()))
+    return sum(
+        len(list(chunk_document(d.doc_id, d.pieces(), tokenizer, config))) for d in read_documents(docs, SkipLog())
+    )
 
 
 @pytest.mark.llm
@@ -82,7 +90,9 @@ def test_kill_during_generation_loses_at_most_the_batch_in_flight(tmp_path):
     process.wait(timeout=60)
     done = _cached(cache)
     assert 2 <= done < 6, "the kill should land during generation"
-    assert [p for p in _visible(tmp_path) if not p.startswith("cache.sqlite")] == ["docs"]  # no index, not even a partial one
+    assert [p for p in _visible(tmp_path) if not p.startswith("cache.sqlite")] == [
+        "docs"
+    ]  # no index, not even a partial one
 
     rerun = qcg("index", docs, index, *options, "--quiet")
     assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]

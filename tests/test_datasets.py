@@ -1,5 +1,6 @@
 """Dataset loaders: the real LiHuaWorld dev split with its published flaws, and MultiHop-RAG / JSONL
 fixtures written in their exact formats; evidence must name the doc ids the index builder gives."""
+
 from __future__ import annotations
 
 import json
@@ -49,12 +50,15 @@ def _lihuaworld_fixture(tmp_path, records) -> Path:
 
 
 def test_lihuaworld_unresolvable_keys_and_bad_records_are_reported(tmp_path):
-    root = _lihuaworld_fixture(tmp_path, {
-        "1": {"question": "Q1?", "answer": "A", "evidence": "20260105_11:00<and>20990101_00:00", "type": "Multi"},
-        "2": {"question": "Q2?", "answer": "B", "evidence": "20990101_00:00", "type": "Single"},
-        "3": {"question": "Q3?", "answer": 7, "evidence": "N/A", "type": "Null"},
-        "4": {"question": "Q4?", "answer": "Insufficient information", "evidence": "N/A", "type": "Null"},
-    })
+    root = _lihuaworld_fixture(
+        tmp_path,
+        {
+            "1": {"question": "Q1?", "answer": "A", "evidence": "20260105_11:00<and>20990101_00:00", "type": "Multi"},
+            "2": {"question": "Q2?", "answer": "B", "evidence": "20990101_00:00", "type": "Single"},
+            "3": {"question": "Q3?", "answer": 7, "evidence": "N/A", "type": "Null"},
+            "4": {"question": "Q4?", "answer": "Insufficient information", "evidence": "N/A", "type": "Null"},
+        },
+    )
     evalset = load_dataset("lihuaworld", root)
     by_id = {q.qid: q for q in evalset.questions}
     assert sorted(by_id) == ["1", "2", "4"]
@@ -84,26 +88,75 @@ def test_lihuaworld_layout_errors(tmp_path):
 def _multihop_fixture(tmp_path) -> Path:
     """Three articles and three questions in MultiHop-RAG's published layout and field names."""
     corpus = [
-        {"title": "Chipmaker beats forecasts", "author": "A. Writer", "source": "TechWire", "published_at": "2023-10-02T10:00:00+00:00",
-         "category": "technology", "url": "https://example.com/chips", "body": "The chipmaker reported record revenue of $10 billion."},
-        {"title": "League final goes to extra time", "author": "B. Writer", "source": "SportsDaily", "published_at": "2023-11-12T18:00:00+00:00",
-         "category": "sports", "url": "https://example.com/final", "body": "The final was decided in extra time by a late goal."},
-        {"title": "Rates held steady", "author": "C. Writer", "source": "MoneyNews", "published_at": "2023-12-01T08:00:00+00:00",
-         "category": "business", "url": "https://example.com/rates", "body": "The central bank kept interest rates unchanged."},
+        {
+            "title": "Chipmaker beats forecasts",
+            "author": "A. Writer",
+            "source": "TechWire",
+            "published_at": "2023-10-02T10:00:00+00:00",
+            "category": "technology",
+            "url": "https://example.com/chips",
+            "body": "The chipmaker reported record revenue of $10 billion.",
+        },
+        {
+            "title": "League final goes to extra time",
+            "author": "B. Writer",
+            "source": "SportsDaily",
+            "published_at": "2023-11-12T18:00:00+00:00",
+            "category": "sports",
+            "url": "https://example.com/final",
+            "body": "The final was decided in extra time by a late goal.",
+        },
+        {
+            "title": "Rates held steady",
+            "author": "C. Writer",
+            "source": "MoneyNews",
+            "published_at": "2023-12-01T08:00:00+00:00",
+            "category": "business",
+            "url": "https://example.com/rates",
+            "body": "The central bank kept interest rates unchanged.",
+        },
     ]
     questions = [
-        {"query": "Did the chipmaker report record revenue before the central bank held rates?", "answer": "Yes",
-         "question_type": "temporal_query",
-         "evidence_list": [
-             {"title": "Chipmaker beats forecasts", "author": "A. Writer", "url": "https://example.com/chips", "source": "TechWire",
-              "category": "technology", "published_at": "2023-10-02T10:00:00+00:00", "fact": "record revenue of $10 billion"},
-             {"title": "Rates held steady", "author": "C. Writer", "url": "https://example.com/rates", "source": "MoneyNews",
-              "category": "business", "published_at": "2023-12-01T08:00:00+00:00", "fact": "kept interest rates unchanged"},
-         ]},
-        {"query": "Which source reported the league final?", "answer": "SportsDaily", "question_type": "inference_query",
-         "evidence_list": [{"title": "League final goes to extra time", "fact": "decided in extra time"},
-                           {"title": "An article that is not in the corpus", "fact": "?"}]},
-        {"query": "What did the mayor announce?", "answer": "Insufficient information.", "question_type": "null_query", "evidence_list": []},
+        {
+            "query": "Did the chipmaker report record revenue before the central bank held rates?",
+            "answer": "Yes",
+            "question_type": "temporal_query",
+            "evidence_list": [
+                {
+                    "title": "Chipmaker beats forecasts",
+                    "author": "A. Writer",
+                    "url": "https://example.com/chips",
+                    "source": "TechWire",
+                    "category": "technology",
+                    "published_at": "2023-10-02T10:00:00+00:00",
+                    "fact": "record revenue of $10 billion",
+                },
+                {
+                    "title": "Rates held steady",
+                    "author": "C. Writer",
+                    "url": "https://example.com/rates",
+                    "source": "MoneyNews",
+                    "category": "business",
+                    "published_at": "2023-12-01T08:00:00+00:00",
+                    "fact": "kept interest rates unchanged",
+                },
+            ],
+        },
+        {
+            "query": "Which source reported the league final?",
+            "answer": "SportsDaily",
+            "question_type": "inference_query",
+            "evidence_list": [
+                {"title": "League final goes to extra time", "fact": "decided in extra time"},
+                {"title": "An article that is not in the corpus", "fact": "?"},
+            ],
+        },
+        {
+            "query": "What did the mayor announce?",
+            "answer": "Insufficient information.",
+            "question_type": "null_query",
+            "evidence_list": [],
+        },
     ]
     (tmp_path / "corpus.json").write_text(json.dumps(corpus))
     (tmp_path / "MultiHopRAG.json").write_text(json.dumps(questions))
@@ -131,8 +184,12 @@ def test_limit_per_type_takes_the_first_of_each_type(tmp_path):
     from qcg_gpu.config import EvalConfig
 
     path = tmp_path / "q.jsonl"
-    path.write_text("".join(json.dumps({"question": f"Q{i}?", "type": t, "evidence_doc_ids": ["d"]}) + "\n"
-                            for i, t in enumerate(["Single", "Multi", "Single", "Null", "Multi", "Single"])))
+    path.write_text(
+        "".join(
+            json.dumps({"question": f"Q{i}?", "type": t, "evidence_doc_ids": ["d"]}) + "\n"
+            for i, t in enumerate(["Single", "Multi", "Single", "Null", "Multi", "Single"])
+        )
+    )
     questions = load_dataset("jsonl", path).questions
     assert [q.question for q in EvalConfig(limit_per_type=2).select(questions)] == ["Q0?", "Q1?", "Q2?", "Q3?", "Q4?"]
     assert EvalConfig().select(questions) == questions
@@ -142,17 +199,21 @@ def test_limit_per_type_takes_the_first_of_each_type(tmp_path):
 
 def test_jsonl_questions(tmp_path):
     path = tmp_path / "q.jsonl"
-    path.write_text('{"question": "Who?", "answer": "Ann", "evidence_doc_ids": ["d1"], "type": "Single", "query_id": "x"}\n\n'
-                    '{"question": "Why?", "answer": "Insufficient information"}\n'
-                    '{"question": "When?", "answer": "Noon", "evidence_doc_ids": ["d2"]}\n'
-                    '{"question": "Where?", "type": "Null"}\n')
+    path.write_text(
+        '{"question": "Who?", "answer": "Ann", "evidence_doc_ids": ["d1"], "type": "Single", "query_id": "x"}\n\n'
+        '{"question": "Why?", "answer": "Insufficient information"}\n'
+        '{"question": "When?", "answer": "Noon", "evidence_doc_ids": ["d2"]}\n'
+        '{"question": "Where?", "type": "Null"}\n'
+    )
     evalset = load_dataset("jsonl", path)
     first, second, third, fourth = evalset.questions
     assert (first.qid, first.evidence, first.type) == ("x", ["d1"], "single")
     # neither evidence nor type: not silently a Null question, and reported
     assert (second.qid, second.evidence, second.type) == ("3", [], "untyped")
-    assert evalset.problems == ["q.jsonl:3: neither 'type' nor 'evidence_doc_ids'; typed 'untyped' (answer metrics only); "
-                                'give "type": "null" to questions that should be declined']
+    assert evalset.problems == [
+        "q.jsonl:3: neither 'type' nor 'evidence_doc_ids'; typed 'untyped' (answer metrics only); "
+        'give "type": "null" to questions that should be declined'
+    ]
     assert (third.type, fourth.type) == ("single", "null")
     path.write_text('{"question": ""}\n')
     with pytest.raises(QCGError, match=":1: needs a non-empty 'question'"):

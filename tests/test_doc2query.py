@@ -4,8 +4,8 @@ import json
 import pytest
 
 from qcg_gpu.config import GenerationConfig, result_fields
-from qcg_gpu.errors import QCGError
 from qcg_gpu.doc2query import build_conversation, cache_key, pairs_schema, parse_pairs, sampling_spec
+from qcg_gpu.errors import QCGError
 
 
 def _reply(pairs):
@@ -108,7 +108,9 @@ def test_cache_key_follows_what_the_config_marks_as_changing_results():
     for f in dataclasses.fields(base):
         if f.name == "model":  # enters the key by the name the backend reports (cache_key's model_name)
             continue
-        changed = cache_key("text", "model", dataclasses.replace(base, **{f.name: _another_value(f, getattr(base, f.name))}))
+        changed = cache_key(
+            "text", "model", dataclasses.replace(base, **{f.name: _another_value(f, getattr(base, f.name))})
+        )
         assert (changed != key) == (f.name in results), f.name
 
 
@@ -116,7 +118,8 @@ def test_keys_of_earlier_generations_still_match():
     """The default settings' key is the one stored generations (benchmarks/lihuaworld) were made under:
     options added since (prompt, compact_json) must leave it as it was."""
     assert cache_key("text", "SmolLM2-135M-Instruct (bundled)", GenerationConfig()) == (
-        "b456b8863df018ebc69c0933bb452fa18c193749cbe9aec6725c5fdc66a3e0e0")
+        "b456b8863df018ebc69c0933bb452fa18c193749cbe9aec6725c5fdc66a3e0e0"
+    )
 
 
 def test_compact_json_needs_vllm():

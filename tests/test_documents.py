@@ -143,7 +143,10 @@ def test_100k_tiny_documents(tmp_path):
         for i in range(100_000):
             fh.write(json.dumps({"doc_id": f"d{i}", "text": f"note {i}: buy milk"}) + "\n")
     tokenizer, config = load_tokenizer("cl100k_base"), ChunkingConfig()
-    chunks = [c for doc in read_documents(tmp_path / "tiny.jsonl", SkipLog())
-              for c in chunk_document(doc.doc_id, doc.pieces(), tokenizer, config)]
+    chunks = [
+        c
+        for doc in read_documents(tmp_path / "tiny.jsonl", SkipLog())
+        for c in chunk_document(doc.doc_id, doc.pieces(), tokenizer, config)
+    ]
     assert len(chunks) == 100_000 and len({c.doc_id for c in chunks}) == 100_000
     assert chunks[-1].text == "note 99999: buy milk"

@@ -1,4 +1,5 @@
 """Texts longer than the embedder's limit are embedded whole (the real MiniLM, real LiHuaWorld logs)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -56,7 +57,9 @@ def test_short_texts_embed_as_before(embedder, truncating):
 def test_the_end_of_a_long_text_counts(embedder, truncating):
     """D2Q appends questions to a chunk: on a long chunk a truncating embedder never sees them."""
     chunk = long_log()
-    questions = "\n".join(["Which pizza place did Adam recommend to Li Hua?", "When is the house meeting with Adam?"] * 3)
+    questions = "\n".join(
+        ["Which pizza place did Adam recommend to Li Hua?", "When is the house meeting with Adam?"] * 3
+    )
     expanded = chunk + "\n" + questions
     before = embedder.windowed_texts
     whole = embedder.encode([chunk, expanded])

@@ -1,5 +1,6 @@
 """qcg eval end to end on a real index (vLLM-made pairs, MiniLM, faiss): methods, ablations, sweeps,
 answers and the LLM judge from the real SmolLM2, the report files, and index variants."""
+
 from __future__ import annotations
 
 import json
@@ -21,12 +22,27 @@ from .conftest import qcg
 pytestmark = pytest.mark.llm
 
 QUESTIONS = [  # from the LiHuaWorld dev split, about the small index's six chat logs, plus one it cannot answer
-    {"query_id": "62", "question": "What time does Li Hua check in with Adam about moving in?", "answer": "5:30 PM",
-     "evidence_doc_ids": ["20260105_1400"], "type": "Single"},
-    {"query_id": "68", "question": "What house rule does Adam mention?", "answer": "keep noise to a minimum during late hours",
-     "evidence_doc_ids": ["20260106_0900"], "type": "Single"},
-    {"query_id": "n1", "question": "What is the name of Li Hua's cat's veterinarian?", "answer": "Insufficient information",
-     "evidence_doc_ids": [], "type": "Null"},
+    {
+        "query_id": "62",
+        "question": "What time does Li Hua check in with Adam about moving in?",
+        "answer": "5:30 PM",
+        "evidence_doc_ids": ["20260105_1400"],
+        "type": "Single",
+    },
+    {
+        "query_id": "68",
+        "question": "What house rule does Adam mention?",
+        "answer": "keep noise to a minimum during late hours",
+        "evidence_doc_ids": ["20260106_0900"],
+        "type": "Single",
+    },
+    {
+        "query_id": "n1",
+        "question": "What is the name of Li Hua's cat's veterinarian?",
+        "answer": "Insufficient information",
+        "evidence_doc_ids": [],
+        "type": "Null",
+    },
 ]
 
 
@@ -75,12 +91,21 @@ def test_eval_answers_judges_and_reports(small_index, questions_file, vllm_backe
     doc_ids = set(index.chunks.column("doc_id").to_pylist())
     assert {"20260105_1400", "20260106_0900"} <= doc_ids
     evalset = load_dataset("jsonl", questions_file)
-    harness = Harness(index, evalset, embedder, RetrievalConfig(gamma=1.0), AnswerConfig(max_answer_tokens=48),
-                      llm=vllm_backend, judge_llm=FaultyJudge(vllm_backend))
+    harness = Harness(
+        index,
+        evalset,
+        embedder,
+        RetrievalConfig(gamma=1.0),
+        AnswerConfig(max_answer_tokens=48),
+        llm=vllm_backend,
+        judge_llm=FaultyJudge(vllm_backend),
+    )
     evaluation = harness.run(EvalConfig(methods="naive,d2q,d2q-minus,qcg,qcg-q", sweeps="hops,knn"))
 
     records = evaluation.records
-    assert [r["method"] for r in records] == [m for m in ("naive", "d2q", "d2q-minus", "qcg", "qcg-q") for _ in QUESTIONS]
+    assert [r["method"] for r in records] == [
+        m for m in ("naive", "d2q", "d2q-minus", "qcg", "qcg-q") for _ in QUESTIONS
+    ]
     for r in records:
         assert 0 < len(r["chunk_ids"]) <= 5
         assert r["docs"] == [index.chunks.column("doc_id")[c].as_py() for c in r["chunk_ids"]]
@@ -100,7 +125,9 @@ def test_eval_answers_judges_and_reports(small_index, questions_file, vllm_backe
     assert [r["chunk_ids"] for r in naive] == [list(np.argsort(-s, kind="stable")[:5]) for s in sims]
     # qcg: the same chunks as the retriever on its own
     qcg_ids = Retriever(index, RetrievalConfig(gamma=1.0)).search(harness.vectors).chunk_ids
-    assert [r["chunk_ids"] for r in records if r["method"] == "qcg"] == [[c for c in row if c >= 0] for row in qcg_ids.tolist()]
+    assert [r["chunk_ids"] for r in records if r["method"] == "qcg"] == [
+        [c for c in row if c >= 0] for row in qcg_ids.tolist()
+    ]
     judged = [r for r in records if "judge_reply" in r]
     assert judged[0].get("judge_unparsed") and judged[0]["judge"] == 0.0
     assert judged[1]["judge_reply"] is None and judged[1]["judge_error"] == "timed out" and judged[1]["judge"] == 0.0
@@ -109,7 +136,9 @@ def test_eval_answers_judges_and_reports(small_index, questions_file, vllm_backe
     assert [row["knn_k"] for row in evaluation.sweeps["knn"]] == [1, 2, 3, 4, 5]
     hop1 = next(row for row in evaluation.sweeps["hops"] if row["hops"] == 1)
     qcg_row = next(row for row in summarize(records, evaluation.types) if row["method"] == "qcg")
-    assert hop1["recall"] == qcg_row["recall"] and hop1["mrr"] == qcg_row["mrr"]  # the sweep's default point is the main run
+    assert (
+        hop1["recall"] == qcg_row["recall"] and hop1["mrr"] == qcg_row["mrr"]
+    )  # the sweep's default point is the main run
 
     paths = write_report(evaluation, tmp_path / "report", {"dataset": "fixture"}, ["a problem"])
     assert all(p.exists() and p.stat().st_size > 0 for p in paths)
@@ -118,20 +147,51 @@ def test_eval_answers_judges_and_reports(small_index, questions_file, vllm_backe
     summary = (tmp_path / "report" / "summary.md").read_text()
     assert "LLM-as-judge accuracy" in summary and "| qcg-q |" in summary and "a problem" in summary
     unparsed = sum(1 for r in records if r.get("judge_unparsed"))  # the fault's one, plus any of the small model's own
-    assert f"judge replies without a verdict: {unparsed}, failed judge requests: 1, failed answer requests: 0" in summary
+    assert (
+        f"judge replies without a verdict: {unparsed}, failed judge requests: 1, failed answer requests: 0" in summary
+    )
     assert (tmp_path / "report" / "sweep_knn.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_eval_cli_retrieval_only(small_index, questions_file, tmp_path):
     out = tmp_path / "report"
-    result = qcg("eval", "--dataset", "jsonl", "--data", questions_file, "--index", small_index, "--out", out,
-                 "--no-answers", "--methods", "naive,qcg", "--sweeps", "seeds", "--gamma", "1.0", "--quiet",
-                 "--compare-index", f"again={small_index}", "--limit-per-type", "1")
+    result = qcg(
+        "eval",
+        "--dataset",
+        "jsonl",
+        "--data",
+        questions_file,
+        "--index",
+        small_index,
+        "--out",
+        out,
+        "--no-answers",
+        "--methods",
+        "naive,qcg",
+        "--sweeps",
+        "seeds",
+        "--gamma",
+        "1.0",
+        "--quiet",
+        "--compare-index",
+        f"again={small_index}",
+        "--limit-per-type",
+        "1",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Evidence recall@K" in result.stdout and "LLM-as-judge" not in result.stdout
     assert "| qcg@again |" in result.stdout and "questions by type: {'single': 1, 'null': 1}" in result.stdout
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert [r["method"] for r in records] == ["naive", "naive", "qcg", "qcg", "naive@again", "naive@again", "qcg@again", "qcg@again"]
+    assert [r["method"] for r in records] == [
+        "naive",
+        "naive",
+        "qcg",
+        "qcg",
+        "naive@again",
+        "naive@again",
+        "qcg@again",
+        "qcg@again",
+    ]
     assert [r["chunk_ids"] for r in records[:4]] == [r["chunk_ids"] for r in records[4:]]  # the same index twice
     rows = (out / "sweep_seeds.csv").read_text().splitlines()
     assert rows[0].startswith("gamma,n,") and len(rows) == 1 + 8
@@ -141,10 +201,23 @@ def test_eval_cli_retrieval_only(small_index, questions_file, tmp_path):
 def test_eval_cli_bad_input(small_index, questions_file, tmp_path):
     wrong = tmp_path / "wrong.jsonl"
     wrong.write_text(json.dumps({"question": "Who?", "answer": "x", "evidence_doc_ids": ["not-a-doc"]}) + "\n")
-    result = qcg("eval", "--dataset", "jsonl", "--data", wrong, "--index", small_index, "--out", tmp_path / "o", "--no-answers")
+    result = qcg(
+        "eval", "--dataset", "jsonl", "--data", wrong, "--index", small_index, "--out", tmp_path / "o", "--no-answers"
+    )
     assert result.returncode == 2 and "none of the 1 evidence documents is in" in result.stderr
-    result = qcg("eval", "--dataset", "jsonl", "--data", questions_file, "--index", small_index, "--out", tmp_path / "o",
-                 "--methods", "qcg,graphrag")
+    result = qcg(
+        "eval",
+        "--dataset",
+        "jsonl",
+        "--data",
+        questions_file,
+        "--index",
+        small_index,
+        "--out",
+        tmp_path / "o",
+        "--methods",
+        "qcg,graphrag",
+    )
     assert result.returncode == 2 and "unknown method ['graphrag']" in result.stderr
     result = qcg("eval", "--dataset", "jsonl", "--data", questions_file, "--index", tmp_path, "--out", tmp_path / "o")
     assert result.returncode == 2 and "is not a qcg index" in result.stderr
@@ -165,8 +238,9 @@ class Unreachable:
 
 def test_failed_answers_count_as_incorrect_never_as_abstentions(small_index, questions_file, embedder):
     llm = Unreachable()
-    harness = Harness(QCGIndex.load(small_index), load_dataset("jsonl", questions_file), embedder, RetrievalConfig(gamma=1.0),
-                      llm=llm)
+    harness = Harness(
+        QCGIndex.load(small_index), load_dataset("jsonl", questions_file), embedder, RetrievalConfig(gamma=1.0), llm=llm
+    )
     records = harness.run(EvalConfig(methods="naive")).records
     assert llm.asked == 1  # one batched answering call, no judge call for failed answers
     assert all(r["error"].startswith("APIConnectionError") and not r["abstained"] for r in records)
@@ -174,9 +248,15 @@ def test_failed_answers_count_as_incorrect_never_as_abstentions(small_index, que
 
 
 def test_answers_without_judging_leave_every_judge_value_empty(small_index, questions_file, vllm_backend, embedder):
-    """With judging off no question is judged, Null ones included: the judge column must not hold Null questions alone."""
-    harness = Harness(QCGIndex.load(small_index), load_dataset("jsonl", questions_file), embedder, RetrievalConfig(gamma=1.0),
-                      llm=vllm_backend)
+    """With judging off no question is judged, Null ones included: the judge column must not hold Null questions
+    alone."""
+    harness = Harness(
+        QCGIndex.load(small_index),
+        load_dataset("jsonl", questions_file),
+        embedder,
+        RetrievalConfig(gamma=1.0),
+        llm=vllm_backend,
+    )
     records = harness.run(EvalConfig(methods="naive", judge=False)).records
     assert [r["type"] for r in records] == ["single", "single", "null"]
     assert all(np.isnan(r["judge"]) for r in records)

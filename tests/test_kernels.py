@@ -2,6 +2,7 @@
 compiled on CUDA when a GPU is present, and in Triton's interpreter on CPU tensors (in a
 subprocess: the interpreter is chosen when the kernel is compiled), also inside the torch
 retrieval backend against the plain reference."""
+
 from __future__ import annotations
 
 import os
@@ -54,9 +55,19 @@ def test_interpreted_triton_kernel_is_the_one_used():
 def test_triton_kernel_in_the_interpreter():
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    tests = ["tests/test_kernels.py", "tests/test_retrieval.py", "-k",
-             "gather_dot or interpreted or (torch-cpu and (tiny or ties or expansion or no_seed or several))"]
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    tests = [
+        "tests/test_kernels.py",
+        "tests/test_retrieval.py",
+        "-k",
+        "gather_dot or interpreted or (torch-cpu and (tiny or ties or expansion or no_seed or several))",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:]
     assert " passed" in done.stdout and "failed" not in done.stdout

@@ -1,12 +1,9 @@
 import numpy as np
 import pytest
 
-from qcg_gpu.capabilities import WITH_FAISS
 from qcg_gpu.knn import knn_graph
 
-from .conftest import DEVICES
-
-BACKENDS = [("torch", device) for device in DEVICES] + ([("faiss", None)] if WITH_FAISS else [])
+from .conftest import KNN_BACKENDS as BACKENDS
 
 
 def brute_force(emb: np.ndarray, k: int):
@@ -14,7 +11,7 @@ def brute_force(emb: np.ndarray, k: int):
     emb64 = emb.astype(np.float64)
     rows = []
     for i in range(len(emb)):
-        scored = sorted(((-float(emb64[i] @ emb64[j]), j) for j in range(len(emb)) if j != i))
+        scored = sorted((-float(emb64[i] @ emb64[j]), j) for j in range(len(emb)) if j != i)
         rows.append([j for _, j in scored[:k]])
     return rows
 

@@ -1,11 +1,11 @@
 """Incremental kNN: adding and removing nodes gives the graph a full rebuild gives."""
+
 import numpy as np
 import pytest
 
-from qcg_gpu.capabilities import WITH_FAISS
 from qcg_gpu.knn import add_nodes, knn_graph, remove_nodes
 
-BACKENDS = ["torch"] + (["faiss"] if WITH_FAISS else [])
+from .conftest import KNN_BACKENDS
 
 
 def clustered(seed: int, n: int, dim: int = 24) -> np.ndarray:
@@ -21,14 +21,14 @@ def assert_same_graph(got, want):
     np.testing.assert_array_equal(got.scores, want.scores)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend, device", KNN_BACKENDS)
 @pytest.mark.parametrize("k", [1, 2, 5])
 @pytest.mark.parametrize("n_new", [1, 40, 700])
-def test_adding_nodes_equals_a_rebuild(backend, k, n_new):
+def test_adding_nodes_equals_a_rebuild(backend, device, k, n_new):
     x = clustered(k * 1000 + n_new, 900 + n_new)
     old, new = x[:900], x[900:]
-    got = add_nodes(knn_graph(old, k, backend, "cpu"), old, new, k, backend, "cpu")
-    assert_same_graph(got, knn_graph(x, k, backend, "cpu"))
+    got = add_nodes(knn_graph(old, k, backend, device), old, new, k, backend, device)
+    assert_same_graph(got, knn_graph(x, k, backend, device))
 
 
 def test_adding_nodes_repairs_old_rows_and_keeps_the_rest():
@@ -48,15 +48,15 @@ def test_exact_duplicates_added_break_ties_like_a_rebuild():
     assert_same_graph(got, knn_graph(np.vstack([x, new]), 3))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend, device", KNN_BACKENDS)
 @pytest.mark.parametrize("k", [1, 3])
-def test_removing_nodes_equals_a_rebuild(backend, k):
+def test_removing_nodes_equals_a_rebuild(backend, device, k):
     x = clustered(7 + k, 1200)
     keep = np.ones(len(x), bool)
     keep[np.random.default_rng(k).choice(len(x), 150, replace=False)] = False
     keep[:30] = False
-    got = remove_nodes(knn_graph(x, k, backend, "cpu"), x, keep, k, backend, "cpu")
-    assert_same_graph(got, knn_graph(x[keep], k, backend, "cpu"))
+    got = remove_nodes(knn_graph(x, k, backend, device), x, keep, k, backend, device)
+    assert_same_graph(got, knn_graph(x[keep], k, backend, device))
 
 
 def test_tiny_graphs_grow_and_shrink():

@@ -1,4 +1,5 @@
 """vLLM's engine streamed: replies handed over as they finish, a bounded window kept full (real SmolLM2)."""
+
 from __future__ import annotations
 
 import json
@@ -70,8 +71,21 @@ def test_compact_json_replies_carry_no_optional_whitespace(tmp_path):
     """vLLM 0.32 reads the whitespace rule from the engine, not the request, so the backend loads its
     engine so (in a process of its own here: two engines in one process share vLLM's global state)."""
     docs = sample_docs(tmp_path / "docs", 2)
-    result = qcg("index", docs, tmp_path / "index", "--m", "2", "--compact-json", "--cache", tmp_path / "cache.sqlite",
-                 "--replies-out", tmp_path / "replies.parquet", "--device", "cpu", "--quiet")
+    result = qcg(
+        "index",
+        docs,
+        tmp_path / "index",
+        "--m",
+        "2",
+        "--compact-json",
+        "--cache",
+        tmp_path / "cache.sqlite",
+        "--replies-out",
+        tmp_path / "replies.parquet",
+        "--device",
+        "cpu",
+        "--quiet",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     texts = [json.loads(v)["text"] for v in pq.read_table(tmp_path / "replies.parquet").column("value").to_pylist()]
     assert len(texts) == 2 and all(t.startswith('{"pairs":[{"question":"') and "\n" not in t for t in texts), texts

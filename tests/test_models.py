@@ -1,4 +1,5 @@
 """Packaged models: names, the parts joined and checked against the published sha256, `qcg models`."""
+
 from __future__ import annotations
 
 import hashlib
@@ -8,8 +9,15 @@ import pytest
 from qcg_gpu.config import GenerationConfig
 from qcg_gpu.errors import QCGError
 from qcg_gpu.llm import llm_name
-from qcg_gpu.models import (DEFAULT_LLM, QWEN_CODER_1_5B, SMOLLM2, _join_checked, llm_identity, packaged_llm,
-                            resolve_model)
+from qcg_gpu.models import (
+    DEFAULT_LLM,
+    QWEN_CODER_1_5B,
+    SMOLLM2,
+    _join_checked,
+    llm_identity,
+    packaged_llm,
+    resolve_model,
+)
 
 from .conftest import qcg
 

@@ -1,5 +1,6 @@
 """The OpenAI-compatible backend against HTTP faults: a proxy on loopback answers some requests with
 429, 500 or a stall past the timeout, and forwards the rest to the real vLLM server."""
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,11 @@ class FaultyProxy:
                     self.end_headers()
                     self.wfile.write(b'{"error": {"message": "injected fault"}}')
                     return
-                request = urllib.request.Request(proxy.upstream + self.path.removeprefix("/v1"), data=body,
-                                                 headers={"Content-Type": "application/json"})
+                request = urllib.request.Request(
+                    proxy.upstream + self.path.removeprefix("/v1"),
+                    data=body,
+                    headers={"Content-Type": "application/json"},
+                )
                 with urllib.request.urlopen(request, timeout=300) as reply:
                     payload = reply.read()
                 self.send_response(200)
@@ -64,8 +68,27 @@ class FaultyProxy:
 
 
 def _index(proxy, docs, out, cache, *extra):
-    return qcg("index", docs, out, "--backend", "openai", "--base-url", proxy.url, "--model", "smollm2", "--m", 3,
-               "--concurrency", 2, "--request-timeout", TIMEOUT_S, "--cache", cache, "--quiet", *extra)
+    return qcg(
+        "index",
+        docs,
+        out,
+        "--backend",
+        "openai",
+        "--base-url",
+        proxy.url,
+        "--model",
+        "smollm2",
+        "--m",
+        3,
+        "--concurrency",
+        2,
+        "--request-timeout",
+        TIMEOUT_S,
+        "--cache",
+        cache,
+        "--quiet",
+        *extra,
+    )
 
 
 def test_429_500_and_timeouts_are_retried(vllm_server, few_docs, tmp_path):
@@ -82,13 +105,17 @@ def test_429_500_and_timeouts_are_retried(vllm_server, few_docs, tmp_path):
 
 def test_a_chunk_that_keeps_failing_is_listed_and_retried_on_the_next_run(vllm_server, few_docs, tmp_path):
     first_doc = sorted(few_docs.glob("*.txt"))[0].read_text().splitlines()[1][:40]  # a line only chunk 0 holds
-    broken = FaultyProxy(vllm_server, lambda n, body: 500 if first_doc in json.loads(body)["messages"][-1]["content"] else None)
+    broken = FaultyProxy(
+        vllm_server, lambda n, body: 500 if first_doc in json.loads(body)["messages"][-1]["content"] else None
+    )
     try:
         result = _index(broken, few_docs, tmp_path / "idx", tmp_path / "cache.sqlite", "--max-retries", 1)
     finally:
         broken.close()
     assert result.returncode == 3, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "FAILED chunks (no LLM reply; rerun to retry): [0]" in result.stdout and "InternalServerError" in result.stdout
+    assert (
+        "FAILED chunks (no LLM reply; rerun to retry): [0]" in result.stdout and "InternalServerError" in result.stdout
+    )
     assert read_manifest(tmp_path / "idx")["failed_chunks"][0][0] == 0
     assert broken.seen.count(500) == 2  # the request and its one retry
 

@@ -1,4 +1,5 @@
 """qcg query on a real index: texts embedded by the index's embedder, traces, baselines, bad input."""
+
 from __future__ import annotations
 
 import json
@@ -51,11 +52,15 @@ def test_query_file_with_blank_lines_and_out_file(small_index, tmp_path):
 def test_bring_your_own_embeddings(small_index, tmp_path, embedder):
     vectors = embedder.encode(["Who is Adam?", "lunch with Wolfgang"]) * 3.0  # not normalised: qcg normalises
     np.save(tmp_path / "q.npy", vectors)
-    result = qcg("query", small_index, "--embeddings", tmp_path / "q.npy", "--gamma", "1.0", "--retrieval-backend", "torch")
+    result = qcg(
+        "query", small_index, "--embeddings", tmp_path / "q.npy", "--gamma", "1.0", "--retrieval-backend", "torch"
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     records = _records(result.stdout)
     api = Retriever(small_index, RetrievalConfig(gamma=1.0, backend="numpy")).search(vectors / 3.0)
-    assert [[c["chunk_id"] for c in r["chunks"]] for r in records] == [[c for c in row if c >= 0] for row in api.chunk_ids.tolist()]
+    assert [[c["chunk_id"] for c in r["chunks"]] for r in records] == [
+        [c for c in row if c >= 0] for row in api.chunk_ids.tolist()
+    ]
     np.save(tmp_path / "bad.npy", np.ones((2, 7), np.float32))
     bad = qcg("query", small_index, "--embeddings", tmp_path / "bad.npy")
     assert bad.returncode == 2 and "shape (B, 384)" in bad.stderr
@@ -71,12 +76,15 @@ def test_naive_baseline_is_top_k_by_chunk_cosine(small_index, embedder):
         assert other.returncode == 0 and len(_records(other.stdout)[0]["chunks"]) == 3
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--query", "  "], "the query is empty"),
-    (["--query", "x", "--gamma", "3"], "gamma must be in [0, 2]"),
-    (["--query", "x", "--n", "0"], "n and top_k must be >= 1"),
-    (["--queries", "/no/such/file.txt"], "queries file not found"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--query", "  "], "the query is empty"),
+        (["--query", "x", "--gamma", "3"], "gamma must be in [0, 2]"),
+        (["--query", "x", "--n", "0"], "n and top_k must be >= 1"),
+        (["--queries", "/no/such/file.txt"], "queries file not found"),
+    ],
+)
 def test_bad_query_input(small_index, args, message):
     result = qcg("query", small_index, *args)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr

@@ -8,13 +8,8 @@ from qcg_gpu.errors import QCGError
 from qcg_gpu.knn import knn_graph
 from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever, check_queries
 
-from .conftest import DEVICES
+from .conftest import RETRIEVAL_BACKENDS as BACKENDS
 from .reference import reference_search
-
-BACKENDS = [pytest.param({"backend": "numpy", "prefilter": "off"}, id="numpy")]
-BACKENDS += [pytest.param({"backend": "numpy", "prefilter": "bf16"}, id="numpy-bf16")] if WITH_TORCH else []
-BACKENDS += [pytest.param({"backend": "torch", "device": d, "prefilter": p}, id=f"torch-{d}-{p}")
-             for d in DEVICES for p in ("off", "bf16")] if WITH_TORCH else []
 
 
 def random_index(seed: int, n_nodes: int, dim: int, k: int, n_chunks: int) -> QCGIndex:
@@ -38,8 +33,16 @@ def queries_for(index: QCGIndex, seed: int, b: int) -> np.ndarray:
 def assert_matches_reference(index, queries, result, config):
     for b, q in enumerate(queries):
         seeds, selected, chunks, scores = reference_search(
-            index.node_embeddings, index.knn_indptr, index.knn_indices, index.node_chunk, q,
-            config.gamma, config.n, config.hops, config.top_k)
+            index.node_embeddings,
+            index.knn_indptr,
+            index.knn_indices,
+            index.node_chunk,
+            q,
+            config.gamma,
+            config.n,
+            config.hops,
+            config.top_k,
+        )
         got = [c for c in result.chunk_ids[b].tolist() if c >= 0]
         assert got == chunks, f"query {b}"
         np.testing.assert_allclose(result.scores[b, : len(got)], scores, atol=1e-5)
@@ -158,7 +161,9 @@ def test_bf16_error_bound_holds_for_the_real_gemm():
         x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
         q = x[:300] + 0.3 * rng.standard_normal((300, dim)).astype(np.float32)
         q = (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
-        prefilter = Bf16Prefilter(QCGIndex(None, {}, x, np.zeros(len(x) + 1, np.int64), np.zeros(0, np.int64), np.zeros(len(x), np.int64), 1))
+        prefilter = Bf16Prefilter(
+            QCGIndex(None, {}, x, np.zeros(len(x) + 1, np.int64), np.zeros(0, np.int64), np.zeros(len(x), np.int64), 1)
+        )
         q_bf16 = torch.from_numpy(q).bfloat16()
         approx = torch.mm(q_bf16, prefilter.nodes_bf16.T).double().numpy()
         error = np.abs(q.astype(np.float64) @ x.T.astype(np.float64) - approx)
@@ -170,12 +175,19 @@ def test_bf16_error_bound_holds_for_the_real_gemm():
 def test_query_checks():
     assert np.allclose(np.linalg.norm(check_queries(np.array([[3.0, 4.0]]), 2), axis=1), 1.0)
     assert np.allclose(check_queries(np.full((1, 4), 1e30), 4), 0.5)  # squares overflow float32: still normalised
-    for bad, message in [(np.ones((2, 3)), "shape"), (np.array([[np.nan, 1.0]]), "NaN"), (np.zeros((1, 2)), "all zeros")]:
+    for bad, message in [
+        (np.ones((2, 3)), "shape"),
+        (np.array([[np.nan, 1.0]]), "NaN"),
+        (np.zeros((1, 2)), "all zeros"),
+    ]:
         with pytest.raises(QCGError, match=message):
             check_queries(bad, 2)
 
 
-@pytest.mark.parametrize("options,message", [({"gamma": 2.5}, "gamma"), ({"n": 0}, "n and top_k"), ({"top_k": 0}, "n and top_k"), ({"hops": 4}, "hops")])
+@pytest.mark.parametrize(
+    "options,message",
+    [({"gamma": 2.5}, "gamma"), ({"n": 0}, "n and top_k"), ({"top_k": 0}, "n and top_k"), ({"hops": 4}, "hops")],
+)
 def test_bad_parameters(options, message):
     with pytest.raises(QCGError, match=message):
         RetrievalConfig(**options).validate()

@@ -1,4 +1,5 @@
 """vLLM in a process that also runs the numba retrieval kernels (a fresh process per test)."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,18 @@ def test_vllm_starts_after_numba_was_imported():
 
 
 def test_answer_with_in_process_vllm(small_index):
-    result = qcg("answer", small_index, "--queries", small_index / "../docs/20260105_1400.txt", "--gamma", "1.0",
-                 "--retrieval-backend", "numpy", "--max-answer-tokens", 24)
+    result = qcg(
+        "answer",
+        small_index,
+        "--queries",
+        small_index / "../docs/20260105_1400.txt",
+        "--gamma",
+        "1.0",
+        "--retrieval-backend",
+        "numpy",
+        "--max-answer-tokens",
+        24,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert records and all(isinstance(r["answer"], str) for r in records)

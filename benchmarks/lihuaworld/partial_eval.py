@@ -9,6 +9,7 @@ replies (no LLM) and runs `qcg eval` on it into OUT/retrieval. The corpus is sma
 whole one, so recall is higher for every method than on the whole corpus: compare the methods
 with each other, not with whole-corpus numbers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,21 +59,67 @@ def main() -> None:
         link.parent.mkdir(parents=True, exist_ok=True)
         if not link.exists():
             link.symlink_to((args.data / "docs" / f"{doc_id}.txt").resolve())
-    questions = [q for q in load_dataset("lihuaworld", args.data).questions
-                 if q.type == NULL_TYPE or (q.evidence and set(q.evidence) <= set(covered))]
+    questions = [
+        q
+        for q in load_dataset("lihuaworld", args.data).questions
+        if q.type == NULL_TYPE or (q.evidence and set(q.evidence) <= set(covered))
+    ]
     with open(args.out / "questions.jsonl", "w") as fh:
         for q in questions:
-            fh.write(json.dumps({"query_id": q.qid, "question": q.question, "answer": q.answer,
-                                 "evidence_doc_ids": q.evidence, "type": q.type}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "query_id": q.qid,
+                        "question": q.question,
+                        "answer": q.answer,
+                        "evidence_doc_ids": q.evidence,
+                        "type": q.type,
+                    }
+                )
+                + "\n"
+            )
     counts = {t: sum(q.type == t for q in questions) for t in sorted({q.type for q in questions})}
     print(f"{len(covered)} of {total} documents covered; {len(questions)} dev questions: {counts}", flush=True)
 
     qcg = [sys.executable, "-m", "qcg_gpu.cli"]
-    subprocess.run([*qcg, "index", subset, args.out / "index", "--overwrite", "--quiet", "--replies-in", args.replies,
-                    "--cache", args.out / "replay-cache.sqlite"], check=True)
-    subprocess.run([*qcg, "eval", "--dataset", "jsonl", "--data", args.out / "questions.jsonl", "--index", args.out / "index",
-                    "--preset", "lihuaworld", "--out", args.out / "retrieval", "--no-answers", "--quiet",
-                    "--methods", "naive,d2q,d2q-minus,qcg,qcg-q,qcg-a,qcg-sentence", "--sweeps", "seeds,alpha"], check=True)
+    subprocess.run(
+        [
+            *qcg,
+            "index",
+            subset,
+            args.out / "index",
+            "--overwrite",
+            "--quiet",
+            "--replies-in",
+            args.replies,
+            "--cache",
+            args.out / "replay-cache.sqlite",
+        ],
+        check=True,
+    )
+    subprocess.run(
+        [
+            *qcg,
+            "eval",
+            "--dataset",
+            "jsonl",
+            "--data",
+            args.out / "questions.jsonl",
+            "--index",
+            args.out / "index",
+            "--preset",
+            "lihuaworld",
+            "--out",
+            args.out / "retrieval",
+            "--no-answers",
+            "--quiet",
+            "--methods",
+            "naive,d2q,d2q-minus,qcg,qcg-q,qcg-a,qcg-sentence",
+            "--sweeps",
+            "seeds,alpha",
+        ],
+        check=True,
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@
 Only a :class:`QCGError` (bad input or setup, a missing optional dependency included) becomes a
 one-line message; any other exception is a bug and keeps its traceback.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -1,11 +1,17 @@
 """``qcg corpus``: write a benchmark's corpus as a file ``qcg index`` reads."""
+
 from __future__ import annotations
 
 
 def add_parser(commands) -> None:
-    corpus = commands.add_parser("corpus", help="convert a benchmark's corpus into a file qcg index reads",
-                                 description="Write MultiHop-RAG's corpus.json as JSONL ({doc_id, text}) for qcg index.")
-    corpus.add_argument("--dataset", required=True, choices=["multihop-rag"], help="(LiHuaWorld's docs/ directory is indexed as it is)")
+    corpus = commands.add_parser(
+        "corpus",
+        help="convert a benchmark's corpus into a file qcg index reads",
+        description="Write MultiHop-RAG's corpus.json as JSONL ({doc_id, text}) for qcg index.",
+    )
+    corpus.add_argument(
+        "--dataset", required=True, choices=["multihop-rag"], help="(LiHuaWorld's docs/ directory is indexed as it is)"
+    )
     corpus.add_argument("--data", required=True, help="directory holding corpus.json, or the file")
     corpus.add_argument("--out", required=True, help="JSONL file to write")
     corpus.set_defaults(run=run)

@@ -1,5 +1,6 @@
 """``qcg eval``: retrieval (and, with an LLM, answer) metrics of methods, ablations and sweeps on a
 benchmark's questions over an index of its corpus."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -7,22 +8,46 @@ import dataclasses
 from ..config import PRESETS, AnswerConfig, EvalConfig
 from ..datasets import DATASETS
 from ..errors import QCGError
-from .options import (NO_VERIFY_HELP, add_llm_options, add_options, add_ray_options, add_retrieval_options, answering_llm, fill,
-                      ray_cluster, retrieval_config)
+from .options import (
+    NO_VERIFY_HELP,
+    add_llm_options,
+    add_options,
+    add_ray_options,
+    add_retrieval_options,
+    answering_llm,
+    fill,
+    ray_cluster,
+    retrieval_config,
+)
 
 
 def add_parser(commands) -> None:
-    evaluate = commands.add_parser("eval", help="score methods, ablations and sweeps on a benchmark",
-                                   description="Evaluate retrieval (and answers, with an LLM) on a benchmark's questions over an index of its corpus.")
+    evaluate = commands.add_parser(
+        "eval",
+        help="score methods, ablations and sweeps on a benchmark",
+        description="Evaluate retrieval (and answers, with an LLM) on a benchmark's questions over an index of its "
+        "corpus.",
+    )
     evaluate.add_argument("--dataset", required=True, choices=DATASETS, help="question format of --data")
-    evaluate.add_argument("--data", required=True, help="lihuaworld: its directory (docs/ + questions JSON) or the questions file; "
-                          "multihop-rag: directory with corpus.json and MultiHopRAG.json; jsonl: the questions file")
+    evaluate.add_argument(
+        "--data",
+        required=True,
+        help="lihuaworld: its directory (docs/ + questions JSON) or the questions file; "
+        "multihop-rag: directory with corpus.json and MultiHopRAG.json; jsonl: the questions file",
+    )
     evaluate.add_argument("--index", required=True, help="index of the dataset's corpus, made by qcg index")
     evaluate.add_argument("--out", required=True, help="directory for results.jsonl, summary.md/.csv and sweep plots")
-    evaluate.add_argument("--compare-index", action="append", metavar="LABEL=PATH",
-                          help="another index of the same corpus (other chunking, embedder, LLM); its rows are labelled METHOD@LABEL (repeatable)")
+    evaluate.add_argument(
+        "--compare-index",
+        action="append",
+        metavar="LABEL=PATH",
+        help="another index of the same corpus (other chunking, embedder, LLM); its rows are labelled "
+        "METHOD@LABEL (repeatable)",
+    )
     evaluate.add_argument("--judge-model", help="LLM-as-judge model on the same backend (default: the answering LLM)")
-    evaluate.add_argument("--embed-device", default=None, help="torch device of the question embedder (default: cuda when present)")
+    evaluate.add_argument(
+        "--embed-device", default=None, help="torch device of the question embedder (default: cuda when present)"
+    )
     evaluate.add_argument("--quiet", action="store_true", help="no progress bars")
     evaluate.add_argument("--no-verify", action="store_true", help=NO_VERIFY_HELP)
     add_options(evaluate, EvalConfig(), "evaluation options")
@@ -60,16 +85,29 @@ def run(args) -> int:
             judge_llm = answering_llm(args, cluster, model=args.judge_model)
 
     def harness(ix):
-        return Harness(ix, evalset, index_embedder(ix, args.embed_device), retrieval, answer_config, llm, judge_llm,
-                       cluster=cluster)
+        return Harness(
+            ix,
+            evalset,
+            index_embedder(ix, args.embed_device),
+            retrieval,
+            answer_config,
+            llm,
+            judge_llm,
+            cluster=cluster,
+        )
 
     evaluation = harness(index).run(config)
-    for label, other in compared.items():  # the same methods on another index of the corpus; sweeps on the main one only
+    for (
+        label,
+        other,
+    ) in compared.items():  # the same methods on another index of the corpus; sweeps on the main one only
         evaluation.add(harness(other).run(dataclasses.replace(config, sweeps="")), label)
     header = {
-        "dataset": f"{args.dataset} ({args.data})", "index": args.index,
+        "dataset": f"{args.dataset} ({args.data})",
+        "index": args.index,
         **{f"index @{label}": path for label, path in compare_paths.items()},
-        "index LLM": index.manifest["models"]["llm"], "embedder": index.manifest["models"]["embedder"],
+        "index LLM": index.manifest["models"]["llm"],
+        "embedder": index.manifest["models"]["embedder"],
         "answering LLM": llm.model_name if llm else "none (retrieval metrics only)",
         "judge LLM": (judge_llm or llm).model_name if llm and config.judge else "none",
         "retrieval": dataclasses.asdict(retrieval) | {"knn_k": index.manifest["settings"]["graph"]["knn_k"]},

@@ -4,6 +4,7 @@ The spellings from before the subcommands still work (:func:`current_spelling`):
 ``qcg index INPUT OUT``, ``qcg index --add INPUT INDEX``, ``qcg index INDEX --remove DOC_ID ...``
 and ``qcg index INPUT OUT --dry-run``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,8 +15,10 @@ from ..errors import QCGError
 from .options import add_options, add_ray_options, fill, ray_cluster
 
 ACTIONS = ("build", "add", "remove", "plan")
-INPUT_HELP = ("directory of .txt/.md files (recursive), a .jsonl file ({doc_id, text} per line) or a .parquet file "
-              "(doc_id, text columns)")
+INPUT_HELP = (
+    "directory of .txt/.md files (recursive), a .jsonl file ({doc_id, text} per line) or a .parquet file "
+    "(doc_id, text columns)"
+)
 
 
 def current_spelling(argv: list[str]) -> list[str]:
@@ -39,13 +42,15 @@ def current_spelling(argv: list[str]) -> list[str]:
 
 def add_parser(commands) -> None:
     index = commands.add_parser(
-        "index", help="build an index, add or remove documents, or forecast a build",
+        "index",
+        help="build an index, add or remove documents, or forecast a build",
         description="Build a QCG-RAG index, or change one:\n"
         "  qcg index build INPUT OUT           build (older spelling: qcg index INPUT OUT)\n"
         "  qcg index add INPUT INDEX           add documents (qcg index --add INPUT INDEX)\n"
         "  qcg index remove INDEX DOC_ID ...   remove documents (qcg index INDEX --remove DOC_ID ...)\n"
         "  qcg index plan INPUT [OUT]          forecast chunks, LLM tokens and time (qcg index INPUT OUT --dry-run)",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     actions = index.add_subparsers(dest="action", required=True)
 
     build = actions.add_parser("build", help="build an index of INPUT's documents into OUT")
@@ -55,8 +60,11 @@ def add_parser(commands) -> None:
     _add_build_options(build)
     build.set_defaults(run=run_build)
 
-    add = actions.add_parser("add", help="add INPUT's documents to the index INDEX (pairs only for new chunks, kNN "
-                             "edges updated, not rebuilt; the index's own settings are used)")
+    add = actions.add_parser(
+        "add",
+        help="add INPUT's documents to the index INDEX (pairs only for new chunks, kNN "
+        "edges updated, not rebuilt; the index's own settings are used)",
+    )
     add.add_argument("input", help=INPUT_HELP)
     add.add_argument("out", metavar="index", help="the index to add to")
     _add_build_options(add)
@@ -68,8 +76,11 @@ def add_parser(commands) -> None:
     remove.add_argument("--quiet", action="store_true", help="no progress bars")
     remove.set_defaults(run=run_remove)
 
-    plan = actions.add_parser("plan", help="forecast chunks, LLM tokens and generation time of a build (or, with "
-                              "--add, of adding INPUT to the index OUT), then stop")
+    plan = actions.add_parser(
+        "plan",
+        help="forecast chunks, LLM tokens and generation time of a build (or, with "
+        "--add, of adding INPUT to the index OUT), then stop",
+    )
     plan.add_argument("input", help=INPUT_HELP)
     plan.add_argument("out", nargs="?", help="the index the build would write (with --add: the index to add to)")
     plan.add_argument("--add", action="store_true", help="forecast adding INPUT to the index OUT")
@@ -80,7 +91,9 @@ def add_parser(commands) -> None:
 def _add_build_options(parser, ray: bool = True) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     defaults = IndexConfig()
-    for name in IndexConfig.SECTIONS:  # unset options stay None: a stored generation's settings fill them (index_config)
+    for (
+        name
+    ) in IndexConfig.SECTIONS:  # unset options stay None: a stored generation's settings fill them (index_config)
         add_options(parser, getattr(defaults, name), f"{name} options", unset_default=True)
     if ray:
         add_ray_options(parser)
@@ -90,7 +103,9 @@ def index_config(args, stored_generation: bool = False) -> IndexConfig:
     """The options given; with ``stored_generation``, options not given take the settings a
     --replies-in file was made with, so that ``qcg index build DOCS OUT --replies-in FILE`` rebuilds its index."""
     config = IndexConfig()
-    if stored_generation and args.replies_in and os.path.isfile(args.replies_in):  # a missing file is refused by validate()
+    if (
+        stored_generation and args.replies_in and os.path.isfile(args.replies_in)
+    ):  # a missing file is refused by validate()
         from ..cache import stored_settings
 
         config = IndexConfig.from_dict(stored_settings(args.replies_in) or {})

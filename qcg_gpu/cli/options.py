@@ -1,5 +1,6 @@
 """Command-line options made from the config dataclasses (each field's help is its option's help),
 and the pieces several subcommands share."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,8 +11,18 @@ from ..config import PRESETS, GenerationConfig, RayConfig, RetrievalConfig
 from ..errors import QCGError
 
 # the part of GenerationConfig that picks and runs an LLM (qcg answer and qcg eval reuse it)
-LLM_OPTIONS = ("backend", "model", "base_url", "api_key_env", "concurrency", "max_retries", "request_timeout",
-               "max_model_len", "enforce_eager", "gpu_memory_utilization")
+LLM_OPTIONS = (
+    "backend",
+    "model",
+    "base_url",
+    "api_key_env",
+    "concurrency",
+    "max_retries",
+    "request_timeout",
+    "max_model_len",
+    "enforce_eager",
+    "gpu_memory_utilization",
+)
 RETRIEVAL_PREFIX = "retrieval_"
 NO_VERIFY_HELP = "skip checking the index files against their checksums when loading (saves a few seconds per GB)"
 
@@ -28,13 +39,22 @@ def add_options(parser, section, title: str, only=None, prefix: str = "", unset_
         flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
         kind = hints[f.name]
         if kind is bool:
-            group.add_argument(flag, dest=prefix + f.name, action=argparse.BooleanOptionalAction,
-                               default=None if unset_default else f.default, help=f.metadata["help"])
+            group.add_argument(
+                flag,
+                dest=prefix + f.name,
+                action=argparse.BooleanOptionalAction,
+                default=None if unset_default else f.default,
+                help=f.metadata["help"],
+            )
             continue
-        base = typing.get_args(kind)[0] if typing.get_origin(kind) is typing.Union else kind
+        base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)  # X | None -> X
         group.add_argument(
-            flag, dest=prefix + f.name, metavar=None if f.metadata.get("choices") else f.name.upper(), type=base,
-            default=None if unset_default else f.default, choices=f.metadata.get("choices"),
+            flag,
+            dest=prefix + f.name,
+            metavar=None if f.metadata.get("choices") else f.name.upper(),
+            type=base,
+            default=None if unset_default else f.default,
+            choices=f.metadata.get("choices"),
             help=f.metadata["help"] + (f" (default: {f.default})" if f.default is not None else ""),
         )
 
@@ -54,7 +74,9 @@ def add_retrieval_options(parser, preset_help: str) -> None:
 
 def retrieval_config(args) -> RetrievalConfig:
     """The preset's settings, then the retrieval options given."""
-    config = RetrievalConfig(**PRESETS[args.preset]) if args.preset else RetrievalConfig()
+    config = RetrievalConfig()
+    for key, value in PRESETS.get(args.preset, {}).items() if args.preset else ():
+        setattr(config, key, value)
     return fill(config, args, RETRIEVAL_PREFIX).validate()
 
 

@@ -1,5 +1,6 @@
 """``qcg query`` (retrieve the top-K chunks of a batch of queries) and ``qcg answer`` (then answer
 each with an LLM); one JSON line per query."""
+
 from __future__ import annotations
 
 import json
@@ -8,18 +9,33 @@ from contextlib import nullcontext
 
 from ..config import AnswerConfig
 from ..errors import QCGError
-from .options import (NO_VERIFY_HELP, add_llm_options, add_options, add_ray_options, add_retrieval_options, answering_llm, fill,
-                      ray_cluster, retrieval_config)
+from .options import (
+    NO_VERIFY_HELP,
+    add_llm_options,
+    add_options,
+    add_ray_options,
+    add_retrieval_options,
+    answering_llm,
+    fill,
+    ray_cluster,
+    retrieval_config,
+)
 
 
 def add_parser(commands) -> None:
-    query = commands.add_parser("query", help="retrieve the top-K chunks for a batch of queries",
-                                description="Retrieve chunks for queries; one JSON line per query.")
+    query = commands.add_parser(
+        "query",
+        help="retrieve the top-K chunks for a batch of queries",
+        description="Retrieve chunks for queries; one JSON line per query.",
+    )
     _add_query_arguments(query)
     query.set_defaults(run=run, answers=False)
 
-    answer = commands.add_parser("answer", help="retrieve, then answer each query with an LLM",
-                                 description="Retrieve chunks and answer each query with an LLM; one JSON line per query.")
+    answer = commands.add_parser(
+        "answer",
+        help="retrieve, then answer each query with an LLM",
+        description="Retrieve chunks and answer each query with an LLM; one JSON line per query.",
+    )
     _add_query_arguments(answer)
     add_options(answer, AnswerConfig(), "answer options")
     add_llm_options(answer)
@@ -34,10 +50,17 @@ def _add_query_arguments(parser) -> None:
     source.add_argument("--query", help="one query")
     source.add_argument("--queries", help="a .txt file (one query per line) or .jsonl file ({query_id?, query})")
     source.add_argument("--embeddings", help="a .npy file of query embeddings (B, d): bring your own encoder")
-    parser.add_argument("--method", default="qcg", choices=METHODS, help="QCG retrieval, or a naive-RAG baseline on the same index (default: qcg)")
+    parser.add_argument(
+        "--method",
+        default="qcg",
+        choices=METHODS,
+        help="QCG retrieval, or a naive-RAG baseline on the same index (default: qcg)",
+    )
     parser.add_argument("--trace", action="store_true", help="add each query's seeds, expanded nodes and chunk scores")
     parser.add_argument("--out", help="write JSON lines here instead of stdout")
-    parser.add_argument("--embed-device", default=None, help="torch device of the query embedder (default: cuda when present)")
+    parser.add_argument(
+        "--embed-device", default=None, help="torch device of the query embedder (default: cuda when present)"
+    )
     parser.add_argument("--no-verify", action="store_true", help=NO_VERIFY_HELP)
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     add_retrieval_options(parser, "the paper's retrieval settings for a dataset (explicit options still win)")
@@ -70,10 +93,12 @@ def run(args) -> int:
     if args.method != "qcg" and embedder is None:  # the baselines embed chunk texts with the index's embedder
         embedder = query.index_embedder(index, args.embed_device)
     result = search(index, vectors, config, args.method, embedder, cluster if args.method == "qcg" else None)
-    records = query.describe(index, ids, texts, result, config, vectors if args.trace and args.method == "qcg" else None)
+    records = query.describe(
+        index, ids, texts, result, config, vectors if args.trace and args.method == "qcg" else None
+    )
     if args.answers:
-        query.add_answers(records, texts, index, llm, fill(AnswerConfig(), args).validate())
-    with (open(args.out, "w") if args.out else nullcontext(sys.stdout)) as out:
+        query.add_answers(records, texts or [], index, llm, fill(AnswerConfig(), args).validate())
+    with open(args.out, "w") if args.out else nullcontext(sys.stdout) as out:
         for record in records:
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
     return 0

@@ -16,11 +16,23 @@ RetrievalResult out, equal across backends), one entry point (:func:`search`):
 ``trace``          the case-study view of one query
 =================  ==========================================================================
 """
+
 from ..config import PRESETS, RetrievalConfig
 from .index import QCGIndex
 from .result import RetrievalResult, check_queries, seed_threshold
 from .search import BASELINES, METHODS, Retriever, search
 from .trace import trace_query
 
-__all__ = ["BASELINES", "METHODS", "PRESETS", "QCGIndex", "RetrievalConfig", "RetrievalResult", "Retriever",
-           "check_queries", "search", "seed_threshold", "trace_query"]
+__all__ = [
+    "BASELINES",
+    "METHODS",
+    "PRESETS",
+    "QCGIndex",
+    "RetrievalConfig",
+    "RetrievalResult",
+    "Retriever",
+    "check_queries",
+    "search",
+    "seed_threshold",
+    "trace_query",
+]

@@ -1,6 +1,7 @@
 """Naive RAG baselines on the same index (METHOD.md, "Baselines"): top-K chunks by cosine of
 the query to a chunk embedding, where the chunk text is the chunk itself (naive), the chunk
 expanded with all its generated questions (D2Q), or with its alpha-filtered ones (D2Q--)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -43,8 +44,9 @@ def top_k_chunks(chunk_emb: np.ndarray, queries: np.ndarray, top_k: int) -> tupl
     return ids, scores
 
 
-def baseline_search(index: QCGIndex, method: str, embedder: Embedder, queries: np.ndarray,
-                    config: RetrievalConfig) -> RetrievalResult:
+def baseline_search(
+    index: QCGIndex, method: str, embedder: Embedder, queries: np.ndarray, config: RetrievalConfig
+) -> RetrievalResult:
     """A baseline's top-K chunks, as a RetrievalResult (no seeds: these methods have no graph)."""
     result = RetrievalResult.empty(len(queries), config)
     result.chunk_ids, result.scores = top_k_chunks(chunk_embeddings(index, method, embedder), queries, config.top_k)

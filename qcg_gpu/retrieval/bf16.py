@@ -1,6 +1,7 @@
 """The error bound that makes a bf16 similarity GEMM a safe prefilter: every node whose bf16
 similarity is within the bound of a seed's is rescored exactly, so the seeds are the float32
 path's. Both backends use it (numpy_backend on AMX CPUs, torch_backend on GPUs)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,10 +23,13 @@ def bf16_rounding(nodes: np.ndarray, nodes_bf16) -> tuple[float, float]:
 def bf16_error_bound(queries, rounded, node_norm: float, node_residual: float):
     """Per query, a bound on |q.u - bf16_gemm(q, u)| over every node u, from the float64 queries
     and their bf16 rounding (tensors; the numpy path computes the same norms in a numba kernel)."""
+
     def norms(x):
         return (x * x).sum(1) ** 0.5
 
-    return bound_from_norms(norms(queries), norms(rounded), norms(queries - rounded), queries.shape[1], node_norm, node_residual)
+    return bound_from_norms(
+        norms(queries), norms(rounded), norms(queries - rounded), queries.shape[1], node_norm, node_residual
+    )
 
 
 def bound_from_norms(q_norm, rounded_norm, residual_norm, dim: int, node_norm: float, node_residual: float):

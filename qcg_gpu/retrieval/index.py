@@ -1,10 +1,10 @@
 """The arrays retrieval needs, loaded from an index directory."""
+
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -25,10 +25,10 @@ class QCGIndex:
     n_chunks: int
 
     verified: bool = False  # files were checked against the manifest's checksums (lazy reads are too)
-    data: Optional[Path] = None  # the version directory loaded: later reads stay on it while a rebuild publishes another
+    data: Path | None = None  # the version directory loaded: later reads stay on it while a rebuild publishes another
 
     @classmethod
-    def load(cls, path: str | Path, verify: bool = True) -> "QCGIndex":
+    def load(cls, path: str | Path, verify: bool = True) -> QCGIndex:
         """Load an index; ``verify`` checks each file read against its sha256 in the manifest
         (a few seconds per GB) so a corrupt index is refused instead of answering wrongly."""
         path = Path(path)

@@ -3,9 +3,11 @@ threshold/top-n seed selection; fused expansion + gather-dot + chunk mean + top-
 fast bf16 (AMX) the GEMM runs in bf16 as a prefilter (``bf16.py``) and the candidates it keeps
 are rescored exactly; rows with too many near-ties take the float32 path, so the seeds are
 always the float32 path's."""
+
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +28,7 @@ class NumpyBackend:
 
         self.index, self._seeds, self._expand = index, seeds_cpu.top_n_above, expand_cpu.expand_and_rank
         self._threads = numba.get_num_threads
-        self._buffer = None  # float32 similarity tile, reused: no page faults per tile
+        self._buffer: np.ndarray | None = None  # float32 similarity tile, reused: no page faults per tile
         self._gemm = float32_gemm(index.node_embeddings)
         self.graph = compact_graph(index)
         self.prefilter = Bf16Prefilter(index, self.graph) if prefilter and index.n_nodes else None
@@ -63,8 +65,18 @@ class NumpyBackend:
     def rank(self, tile: np.ndarray, seed_ids: np.ndarray, config: RetrievalConfig):
         """Expansion, node scores, chunk means and top-K of each query from its seeds (numba)."""
         indptr, indices, node_chunk = self.graph
-        return self._expand(seed_ids, indptr, indices, self.index.node_embeddings, tile, node_chunk,
-                            self.index.n_chunks, config.hops, config.top_k, self._threads())
+        return self._expand(
+            seed_ids,
+            indptr,
+            indices,
+            self.index.node_embeddings,
+            tile,
+            node_chunk,
+            self.index.n_chunks,
+            config.hops,
+            config.top_k,
+            self._threads(),
+        )
 
     def exact_seeds(self, tile: np.ndarray, threshold: np.float32, n: int):
         """float32 GEMM of the tile against every node, then the fused threshold/top-n pass."""
@@ -118,13 +130,18 @@ class Bf16Prefilter:
         nodes = index.node_embeddings
         self.nodes_bf16 = torch.empty(nodes.shape, dtype=torch.bfloat16)
         for start in range(0, len(nodes), 65536):  # in blocks: nodes may be a read-only memory map
-            self.nodes_bf16[start : start + 65536] = torch.from_numpy(np.array(nodes[start : start + 65536], np.float32))
+            self.nodes_bf16[start : start + 65536] = torch.from_numpy(
+                np.array(nodes[start : start + 65536], np.float32)
+            )
         self.node_norm, self.node_residual = bf16_rounding(nodes, self.nodes_bf16)
-        self._gemm_out = None
+        self._gemm_out: Any = None  # the bf16 GEMM's output tile (a torch tensor), reused
 
     def error_bound(self, tile: np.ndarray, tile_bf16) -> np.ndarray:
         norms = self.kernels.rounding_norms(tile, tile_bf16.float().numpy())
-        return bound_from_norms(*norms, tile.shape[1], self.node_norm, self.node_residual).astype(np.float32)
+        q_norm, rounded_norm, residual_norm = norms
+        return bound_from_norms(
+            q_norm, rounded_norm, residual_norm, tile.shape[1], self.node_norm, self.node_residual
+        ).astype(np.float32)
 
     def search(self, tile: np.ndarray, threshold: np.float32, n: int, config: RetrievalConfig):
         """Seeds, [chunk ids, scores, |Q*|] and the overflow mask per query. Overflowed rows (thousands
@@ -143,10 +160,34 @@ class Bf16Prefilter:
         for col0 in range(0, len(self.nodes), BF16_TILE[1]):
             block = self.nodes_bf16[col0 : col0 + BF16_TILE[1]]
             approx = torch.mm(tile_bf16, block.T, out=out if len(block) == out.shape[1] else None)
-            k.scan_block(approx.view(torch.int16).numpy(), col0, t_minus_eps, eps, n,
-                         cand_ids, cand_vals, counts, best, overflow, k.VALUES)
+            k.scan_block(
+                approx.view(torch.int16).numpy(),
+                col0,
+                t_minus_eps,
+                eps,
+                n,
+                cand_ids,
+                cand_vals,
+                counts,
+                best,
+                overflow,
+                k.VALUES,
+            )
         ids, vals, *ranked = k.rescore_and_rank(
-            tile, self.nodes, threshold, eps, n, cand_ids, cand_vals, counts, best, overflow,
-            *self.graph, index.n_chunks, config.hops, config.top_k, self._threads(),
+            tile,
+            self.nodes,
+            threshold,
+            eps,
+            n,
+            cand_ids,
+            cand_vals,
+            counts,
+            best,
+            overflow,
+            *self.graph,
+            index.n_chunks,
+            config.hops,
+            config.top_k,
+            self._threads(),
         )
         return ids, vals, ranked, overflow

@@ -1,6 +1,7 @@
 """Retrieval split over Ray workers: each holds the index (through the object store, zero-copy)
 and one :class:`Retriever`; the queries are split in order and the results put back together,
 equal to one process's."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,5 +1,6 @@
 """What every retrieval backend shares: the query check, the seed threshold, the result type
 and the size of a similarity tile."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,15 +22,18 @@ class RetrievalResult:
     n_selected: np.ndarray  # (B,) size of Q* per query
 
     @classmethod
-    def empty(cls, b: int, config: RetrievalConfig) -> "RetrievalResult":
+    def empty(cls, b: int, config: RetrievalConfig) -> RetrievalResult:
         """B queries with no chunk and no seed, to be filled in."""
         return cls(
-            np.full((b, config.top_k), -1, np.int64), np.full((b, config.top_k), -np.inf, np.float32),
-            np.full((b, config.n), -1, np.int64), np.full((b, config.n), -np.inf, np.float32), np.zeros(b, np.int64),
+            np.full((b, config.top_k), -1, np.int64),
+            np.full((b, config.top_k), -np.inf, np.float32),
+            np.full((b, config.n), -1, np.int64),
+            np.full((b, config.n), -np.inf, np.float32),
+            np.zeros(b, np.int64),
         )
 
     @classmethod
-    def concatenate(cls, parts: list["RetrievalResult"]) -> "RetrievalResult":
+    def concatenate(cls, parts: list[RetrievalResult]) -> RetrievalResult:
         """The results of consecutive query blocks as one."""
         return cls(*(np.concatenate([getattr(p, name) for p in parts]) for name in cls.__dataclass_fields__))
 
@@ -40,7 +44,9 @@ def check_queries(queries: np.ndarray, dim: int) -> np.ndarray:
     if q.ndim == 1:
         q = q[None, :]
     if q.ndim != 2 or q.shape[1] != dim:
-        raise QCGError(f"query embeddings must have shape (B, {dim}) to match the index, got {tuple(np.shape(queries))}")
+        raise QCGError(
+            f"query embeddings must have shape (B, {dim}) to match the index, got {tuple(np.shape(queries))}"
+        )
     norms = np.sqrt(np.einsum("ij,ij->i", q, q))[:, None]  # one pass; NaN or inf in a row makes its norm non-finite
     if not np.isfinite(norms).all():
         if not np.isfinite(q).all():

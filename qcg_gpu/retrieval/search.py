@@ -3,6 +3,7 @@
 
 Every backend honours the same contract (:class:`Backend`): checked unit queries (B, d) and a
 :class:`RetrievalConfig` in, one :class:`RetrievalResult` out, equal across backends."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -74,8 +75,9 @@ class Retriever:
         return self.backend.search(check_queries(queries, self.index.dim), config)
 
 
-def search(index: QCGIndex, queries: np.ndarray, config: RetrievalConfig, method: str = "qcg",
-           embedder=None, cluster=None) -> RetrievalResult:
+def search(
+    index: QCGIndex, queries: np.ndarray, config: RetrievalConfig, method: str = "qcg", embedder=None, cluster=None
+) -> RetrievalResult:
     """The top-K chunks of each query by ``method``: QCG retrieval (on ``cluster``'s workers when
     given) or a naive-RAG baseline, which embeds chunk texts and so needs the index's ``embedder``."""
     if method == "qcg":

@@ -2,6 +2,7 @@
 gathers over the fixed-degree kNN table for the expansion, sort-based segment means for the
 chunks. CUDA when present, CPU tensors otherwise (the parity tests run it on both). On GPUs with
 bf16 tensor cores the GEMM runs in bf16 as a prefilter (``bf16.py``) with exact rescoring."""
+
 from __future__ import annotations
 
 import contextlib
@@ -56,7 +57,7 @@ class TorchBackend:
                 part = slice(start, start + len(tile))
                 n = min(config.n, n_nodes)
                 if self.nodes_bf16 is not None:
-                    seed_ids, seed_sims = self._seeds_bf16(tile, threshold, n)
+                    seed_ids, seed_sims = self._seeds_bf16(tile, threshold, n, self.nodes_bf16)
                 else:
                     seed_ids, seed_sims = self._seeds(tile @ self.nodes.T, threshold, n)
                 out.seed_ids[part, : seed_ids.shape[1]] = seed_ids.cpu().numpy()
@@ -82,14 +83,14 @@ class TorchBackend:
         keep = vals >= threshold
         return torch.where(keep, ids, -1), torch.where(keep, vals, torch.full_like(vals, -float("inf")))
 
-    def _seeds_bf16(self, tile, threshold: float, n: int):
+    def _seeds_bf16(self, tile, threshold: float, n: int, nodes_bf16):
         """Exact seeds from a bf16 GEMM: the top n + margin approximations hold every node that can
         be a seed when the last of them is below max(t, a_n - eps) - eps (see kernels/prefilter_cpu.py);
         those are rescored in float32, other rows take the float32 path."""
         torch = self.torch
         tile_bf16 = tile.bfloat16()
         with float32_accumulation(torch):
-            approx = tile_bf16 @ self.nodes_bf16.T
+            approx = tile_bf16 @ nodes_bf16.T
         eps = bf16_error_bound(tile.double(), tile_bf16.double(), self.node_norm, self.node_residual).float()
         width = min(approx.shape[1], n + PREFILTER_TOPK_MARGIN)
         vals, ids = approx.topk(width, dim=1)

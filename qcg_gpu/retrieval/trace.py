@@ -1,4 +1,5 @@
 """The paper's case-study view of one query (``qcg query --trace``)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +12,9 @@ def trace_query(index: QCGIndex, query: np.ndarray, seed_ids: np.ndarray, seed_s
     seeds = [int(u) for u in seed_ids if u >= 0]
     selected, frontier, added = set(seeds), set(seeds), []
     for _ in range(hops):
-        frontier = {int(v) for u in frontier for v in index.knn_indices[index.knn_indptr[u] : index.knn_indptr[u + 1]]} - selected
+        frontier = {
+            int(v) for u in frontier for v in index.knn_indices[index.knn_indptr[u] : index.knn_indptr[u + 1]]
+        } - selected
         selected |= frontier
         added += sorted(frontier)
     nodes = np.array(sorted(selected), dtype=np.int64)
