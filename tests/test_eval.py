@@ -57,7 +57,7 @@ def test_variant_with_own_settings_equals_the_index(small_index, embedder):
     index = QCGIndex.load(small_index)
     same = derive_index(index)
     assert np.array_equal(same.knn_indptr, index.knn_indptr) and np.array_equal(same.knn_indices, index.knn_indices)
-    node_emb, node_chunk = _rebuild_nodes(index, index.manifest["settings"]["nodes"]["alpha"], "qa", None, False)
+    node_emb, node_chunk = _rebuild_nodes(index, index.manifest["settings"]["nodes"]["alpha"], "qa", None)
     assert np.array_equal(node_emb, index.node_embeddings) and np.array_equal(node_chunk, index.node_chunk)
 
     pairs = load_table(small_index, "pairs").to_pydict()

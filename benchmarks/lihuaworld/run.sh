@@ -10,7 +10,7 @@
 #    flag is needed; a second index embeds long texts truncated (the paper's setup) for comparison.
 #    The generations were made once with
 #      qcg index build $DATA/docs OUT --replies-out benchmarks/lihuaworld/replies-smollm2.parquet
-#      VLLM_CPU_KVCACHE_SPACE=4 qcg index build $DATA/docs OUT --model qwen2.5-coder-1.5b --m 10 --top-p 1.0 \
+#      VLLM_CPU_KVCACHE_SPACE=4 qcg index build $DATA/docs OUT --model qwen2.5-coder-1.5b --m 20 --top-p 1.0 \
 #          --repetition-penalty 1.0 --compact-json --batch-chunks 64 \
 #          --replies-out benchmarks/lihuaworld/replies-qwen2.5-coder-1.5b-partial.parquet
 #    (renamed to replies-qwen2.5-coder-1.5b.parquet once it covers every chunk).
