@@ -15,10 +15,10 @@ runs, with the same inputs and outputs:
   object store, zero-copy), the queries are split in order and the results put back together.
 
 Given the same LLM replies (the generation cache), the index equals the single-process
-one byte for byte: the workers embed the very batches one process would
-(:func:`embedding.length_batches`) with its thread count, and the kNN rows are ranked
-exactly. The replies themselves can differ between two runs that batch differently: LLM
-kernels are not batch-invariant (vLLM, any engine).
+one byte for byte: an embedding does not depend on its batch (:mod:`embedding`), the workers
+use the driver's thread count, and the kNN rows are ranked exactly. The replies themselves can
+differ between two runs that batch differently: LLM kernels are not batch-invariant (vLLM, any
+engine).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import numpy as np
 
 from .capabilities import require, with_cuda
 from .config import GenerationConfig, NodeConfig, RayConfig
-from .embedding import Windows, encode_whole, length_batches
+from .embedding import Windows, encode_whole, shape_batches, token_counts
 from .errors import QCGError
 from .knn import KnnGraph, degree, rank_candidates, search_candidates, search_width
 from .llm import Completion, LLMBackend, SamplingSpec, llm_name
@@ -245,8 +245,8 @@ class _EmbedWorker:
     def describe(self) -> tuple[str, int, int]:
         return self.embedder.model_name, self.embedder.dim, self.embedder.max_tokens
 
-    def encode_batches(self, batches: list[list[str]]) -> list[np.ndarray]:
-        return [self.embedder.encode_batch(texts) for texts in batches]
+    def encode_batches(self, batches: list[tuple[list[str], int]]) -> list[np.ndarray]:
+        return [self.embedder.encode_batch(texts, length) for texts, length in batches]
 
 
 class RayEmbedder:
@@ -259,11 +259,10 @@ class RayEmbedder:
             _EmbedWorker, config.embedder, config.device, config.embed_batch_size, torch.get_num_threads()
         )
         self.model_name, self.dim, self.max_tokens = cluster.ray.get(self._workers[0].describe.remote())
-        self.windows = None
-        if config.long_texts == "mean":  # long texts are split here, as one process splits them
-            transformers = require("transformers")
-            path = resolve_model(config.embedder, DEFAULT_EMBEDDER)[0]
-            self.windows = Windows(transformers.AutoTokenizer.from_pretrained(path), self.max_tokens)
+        path = resolve_model(config.embedder, DEFAULT_EMBEDDER)[0]
+        self.tokenizer = require("transformers").AutoTokenizer.from_pretrained(path)  # the model's, on the driver
+        # long texts are split here, as one process splits them
+        self.windows = Windows(self.tokenizer, self.max_tokens) if config.long_texts == "mean" else None
         self.windowed_texts = 0
 
     def encode(self, texts: list[str], desc: str = "embed") -> np.ndarray:
@@ -272,14 +271,17 @@ class RayEmbedder:
     def _encode_pieces(self, texts: list[str], desc: str) -> np.ndarray:
         from ray.util import ActorPool
 
-        batches = length_batches(texts, self.batch_size)  # the batches one process would embed
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        batches = shape_batches(token_counts(self.tokenizer, texts, self.max_tokens), self.batch_size, self.max_tokens)
         blocks = [batches[s : s + EMBED_BLOCK_BATCHES] for s in range(0, len(batches), EMBED_BLOCK_BATCHES)]
         # The pool hands a block to whichever worker is free, so only one block per worker is in flight.
         results = ActorPool(self._workers).map(
-            lambda worker, block: worker.encode_batches.remote([[texts[r] for r in rows] for rows in block]), blocks
+            lambda worker, block: worker.encode_batches.remote([([texts[r] for r in rows], n) for rows, n in block]),
+            blocks,
         )
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         for block, vectors in zip(blocks, progress_bar(results, total=len(blocks), desc=desc, unit="block")):
-            for rows, batch in zip(block, vectors):
+            for (rows, _), batch in zip(block, vectors):
                 out[rows] = batch
         return out

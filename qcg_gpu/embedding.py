@@ -1,5 +1,11 @@
 """Sentence embeddings, l2-normalised, batched, on the GPU when there is one.
 
+A text's embedding depends on the text only, never on the batch it shares: every batch has
+``batch_size`` rows (the last one filled up with copies) padded to a fixed length chosen from
+the text's own token count (16, 32, ..., the model's limit). A GEMM rounds the same way for the
+same shapes, so a build, an ``--add`` and a Ray worker give every text the same bits (with the
+same thread count), and the kNN graph does not change with how the texts were batched.
+
 Texts longer than the embedder's limit (256 word pieces for all-MiniLM-L6-v2) would be cut
 silently by the model; by default they are embedded whole instead: split into windows of
 at most the limit, each window embedded, and the windows' embeddings averaged (weighted by
@@ -53,14 +59,28 @@ class Embedder:
     def encode_pieces(self, texts: list[str], desc: str = "embed") -> np.ndarray:
         """Each text through the model as it is (cut at the model's limit)."""
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for rows in progress_bar(length_batches(texts, self.batch_size), desc=desc, unit="batch"):
-            out[rows] = self.encode_batch([texts[i] for i in rows])
+        if not texts:
+            return out
+        batches = shape_batches(self.token_counts(texts), self.batch_size, self.max_tokens)
+        for rows, length in progress_bar(batches, desc=desc, unit="batch"):
+            out[rows] = self.encode_batch([texts[i] for i in rows], length)
         return out
 
-    def encode_batch(self, texts: list[str]) -> np.ndarray:
-        """One batch through the model, padded to its longest text."""
-        vectors = self.model.encode(texts, batch_size=len(texts), normalize_embeddings=True, convert_to_numpy=True)
-        return np.asarray(vectors, dtype=np.float32)
+    def token_counts(self, texts: list[str]) -> np.ndarray:
+        return token_counts(self.model.tokenizer, texts, self.max_tokens)
+
+    def encode_batch(self, texts: list[str], length: int) -> np.ndarray:
+        """One batch of at most ``batch_size`` texts, run as ``batch_size`` rows padded to ``length`` tokens."""
+        torch = require("torch")
+        rows = texts + [texts[0]] * (self.batch_size - len(texts))  # fixed shapes: see the module's docstring
+        features = self.model.preprocess(
+            rows, processing_kwargs={"text": {"padding": "max_length", "max_length": length}}
+        )
+        features = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+        with torch.inference_mode():
+            vectors = self.model.forward(features)["sentence_embedding"][: len(texts)]
+            vectors = torch.nn.functional.normalize(vectors.float(), dim=1)
+        return vectors.cpu().numpy()
 
 
 def encode_whole(embedder, texts: list[str], encode_pieces) -> np.ndarray:
@@ -82,11 +102,15 @@ class Split:
     windowed: int  # texts that were split
 
     def pool(self, vectors: np.ndarray, n_texts: int) -> np.ndarray:
-        """One unit vector per text: the token-weighted mean of its pieces' vectors, normalised."""
-        out = np.zeros((n_texts, vectors.shape[1]), dtype=np.float64)
-        np.add.at(out, self.owner, vectors * self.weight[:, None])
-        out /= np.linalg.norm(out, axis=1, keepdims=True)
-        return out.astype(np.float32)
+        """One unit vector per text: the token-weighted mean of its pieces' vectors, normalised
+        (a text of one piece keeps its vector as it is, whatever texts it came with)."""
+        pooled = np.zeros((n_texts, vectors.shape[1]), dtype=np.float64)
+        np.add.at(pooled, self.owner, vectors * self.weight[:, None])
+        pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
+        out = pooled.astype(np.float32)
+        whole = np.bincount(self.owner, minlength=n_texts) == 1
+        out[self.owner[whole[self.owner]]] = vectors[whole[self.owner]]
+        return out
 
 
 class Windows:
@@ -149,9 +173,23 @@ def _quiet(logger_name: str):
         logger.setLevel(level)
 
 
-def length_batches(texts: list[str], batch_size: int) -> list[np.ndarray]:
-    """Row numbers of each batch: texts longest first, ``batch_size`` at a time (as
-    sentence-transformers batches, so padding stays short). A text's embedding depends in its
-    last bits on its batch's padding, so every path, one process or Ray workers, embeds these batches."""
-    order = np.argsort([-len(t) for t in texts], kind="stable")
-    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+def token_counts(tokenizer, texts: list[str], max_tokens: int) -> np.ndarray:
+    """Tokens of each text as the model sees it (special tokens included, cut at its limit)."""
+    with _quiet("transformers"):
+        ids = tokenizer(texts, truncation=True, max_length=max_tokens)["input_ids"]
+    return np.array([len(i) for i in ids], dtype=np.int64)
+
+
+SHAPE_LENGTHS = (16, 32, 64, 128, 256, 512)  # padded lengths a batch may have (and the model's limit)
+
+
+def shape_batches(token_counts: np.ndarray, batch_size: int, max_tokens: int) -> list[tuple[np.ndarray, int]]:
+    """(row numbers, padded length) of each batch: the texts grouped by the shortest padded length
+    that holds them, ``batch_size`` at a time, longest group first."""
+    lengths = sorted({min(n, max_tokens) for n in SHAPE_LENGTHS} | {max_tokens})
+    padded = np.array([next(n for n in lengths if n >= min(c, max_tokens)) for c in token_counts], dtype=np.int64)
+    batches = []
+    for length in sorted(set(padded.tolist()), reverse=True):
+        rows = np.flatnonzero(padded == length)
+        batches += [(rows[start : start + batch_size], length) for start in range(0, len(rows), batch_size)]
+    return batches

@@ -88,3 +88,17 @@ def test_indexes_recorded_before_the_option_keep_truncating():
     assert IndexConfig.from_dict({"nodes": {"alpha": 0.8}}).nodes.long_texts == "truncate"
     assert IndexConfig.from_dict({"nodes": {"long_texts": "mean"}}).nodes.long_texts == "mean"
     assert IndexConfig.from_dict({"generation": {"m": 10}}).nodes.long_texts == "mean"
+
+
+def test_an_embedding_does_not_depend_on_its_batch(embedder):
+    """Bit for bit: alone, among other texts of any length, in any order (issue 15: --add equals a rebuild)."""
+    lines = [line for path in sorted(SAMPLE_DOCS.rglob("*.txt"))[:6] for line in path.read_text().splitlines() if line]
+    texts = ["Great!", "Thanks!", "😊", *lines[:150], long_log()[:3000]]
+    together = embedder.encode(texts)
+    alone = np.vstack([embedder.encode([text]) for text in texts[:3] + texts[-2:]])
+    np.testing.assert_array_equal(alone, np.vstack([together[:3], together[-2:]]))
+    order = np.random.default_rng(0).permutation(len(texts))
+    np.testing.assert_array_equal(embedder.encode([texts[i] for i in order]), together[order])
+    # the same vectors sentence-transformers gives, to float32 rounding
+    reference = embedder.model.encode(texts[:-1], normalize_embeddings=True, convert_to_numpy=True)
+    np.testing.assert_allclose(together[:-1], reference, atol=2e-6)

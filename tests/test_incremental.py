@@ -12,7 +12,7 @@ from qcg_gpu.errors import QCGError
 from qcg_gpu.incremental import add_documents, remove_documents
 from qcg_gpu.index_format import load_array, load_table, read_manifest
 
-from .conftest import qcg, sample_docs
+from .conftest import SAMPLE_DOCS, qcg, sample_docs
 from .test_index_build import Recording, _config
 
 ARRAYS = ("chunk_embeddings", "pair_embeddings", "node_embeddings", "knn_indptr", "knn_indices", "knn_scores")
@@ -162,3 +162,37 @@ def test_dry_run_forecast_counts_what_the_build_spends(tmp_path, vllm_backend, e
     more = forecast(sample_docs(tmp_path / "more", 5), config)
     assert more.chunks - more.cached_chunks == 2 and "measured on this machine" in more.rate_source
     assert more.output_tokens == round(summary.output_tokens / summary.chunks * 2)  # the cached replies' mean
+
+
+def _sample_split(tmp_path, n_old: int):
+    """The whole bundled LiHuaWorld sample (27 chat logs), its first ``n_old`` in one directory and
+    the rest in another (doc ids keep their week folder)."""
+    every = sorted(SAMPLE_DOCS.rglob("*.txt"))
+    dirs = {name: tmp_path / name for name in ("old", "new", "all")}
+    for i, path in enumerate(every):
+        for name in ("old" if i < n_old else "new", "all"):
+            target = dirs[name] / path.relative_to(SAMPLE_DOCS)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, target)
+    return dirs["old"], dirs["new"], dirs["all"], [p.relative_to(SAMPLE_DOCS).with_suffix("").as_posix() for p in every]
+
+
+def test_updates_equal_rebuilds_bit_for_bit_on_chat_logs_full_of_near_ties(tmp_path, embedder):
+    """Chat logs hold many near-identical sentences ("Great!", "Thanks!", emoji-only lines): with
+    embeddings that depended on their batch, near-ties flipped and kNN rows differed (issue 15)."""
+    old, new, every, doc_ids = _sample_split(tmp_path, 18)
+    config = _config(tmp_path, nodes="sentence")
+    config.graph.knn_k = 3
+    build_index(old, tmp_path / "grown", config, embedder=embedder)
+    add_documents(tmp_path / "grown", new, config, embedder=embedder)
+    build_index(every, tmp_path / "full", config, embedder=embedder)
+    for name in ("node_embeddings", "knn_indices", "knn_scores"):
+        np.testing.assert_array_equal(load_array(tmp_path / "grown", name), load_array(tmp_path / "full", name), name)
+
+    removed = doc_ids[2:5]
+    remove_documents(tmp_path / "grown", removed)
+    for path in removed:
+        (every / f"{path}.txt").unlink()
+    build_index(every, tmp_path / "rest", config, embedder=embedder)
+    for name in ("node_embeddings", "knn_indices", "knn_scores"):
+        np.testing.assert_array_equal(load_array(tmp_path / "grown", name), load_array(tmp_path / "rest", name), name)
