@@ -72,6 +72,25 @@ def test_no_seed_above_threshold_gives_no_chunks(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_node_exactly_at_the_threshold_is_a_seed(backend):
+    """sim + 1 >= gamma, not >: a node whose similarity is exactly gamma - 1 is a seed, one a float32 step
+    below is not. The similarities 0.5 and 0.25 are exact in float32 and bf16 alike."""
+    nodes = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]], np.float32)
+    graph = knn_graph(nodes, 1, "torch", "cpu")
+    index = QCGIndex(None, {}, nodes, graph.indptr, graph.indices, np.arange(3, dtype=np.int64), 3)
+    query = np.array([[0.5, 0.25, 0.0, np.sqrt(1 - 0.5**2 - 0.25**2)]], np.float32)  # sims 0.5, 0.25, 0
+    exactly = Retriever(index, RetrievalConfig(gamma=1.5, n=5, hops=0, **backend)).search(query)
+    assert exactly.seed_ids[0].tolist()[:2] == [0, -1] and exactly.chunk_ids[0].tolist()[:2] == [0, -1]
+    assert exactly.seed_sims[0, 0] == np.float32(0.5)
+    above = Retriever(
+        index, RetrievalConfig(gamma=float(np.nextafter(np.float32(1.5), np.float32(2))), n=5, hops=0, **backend)
+    ).search(query)
+    assert above.seed_ids[0, 0] == -1 and above.chunk_ids[0, 0] == -1
+    both = Retriever(index, RetrievalConfig(gamma=1.25, n=5, hops=0, **backend)).search(query)
+    assert both.seed_ids[0].tolist()[:3] == [0, 1, -1]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_exact_ties_break_by_lower_ids(backend):
     # entries of 0.5 on 4 of 16 axes: unit vectors whose dot products are exact, so ties are exact
     patterns = [(0, 1, 2, 3), (0, 1, 2, 4), (0, 1, 2, 5), (0, 1, 2, 6), (0, 1, 2, 3), (8, 9, 10, 11), (0, 1, 2, 3)]

@@ -1,0 +1,72 @@
+"""What batch-invariant embedding costs: qcg's fixed-shape batches against sentence-transformers'
+own batching (padded to each batch's longest text), side by side on the same texts.
+
+    python benchmarks/bench_embedding.py [--texts 2000] [--repeat 3]
+
+Texts: the bundled LiHuaWorld sample's lines (short, like q + a nodes and sentences) and its
+chat logs cut into ~1,000-character pieces (like windows of long chunks). Prints texts/s of
+both and their ratio, per kind, as JSON lines; the CPU's model name comes first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from qcg_gpu.embedding import Embedder
+
+SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lihuaworld_sample" / "docs"
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def texts_of(kind: str, n: int) -> list[str]:
+    logs = [p.read_text() for p in sorted(SAMPLE.rglob("*.txt"))]
+    if kind == "lines":
+        pool = [line for log in logs for line in log.splitlines() if line.strip()]
+    else:
+        pool = [log[i : i + 1000] for log in logs for i in range(0, len(log), 1000)]
+    return [pool[i % len(pool)] for i in range(n)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--texts", type=int, default=2000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    embedder = Embedder(device="cpu", long_texts="truncate")
+    print(json.dumps({"cpu": cpu_name(), "torch_threads": __import__("torch").get_num_threads()}))
+    for kind in ("lines", "pieces"):
+        texts = texts_of(kind, args.texts)
+        times: dict[str, list[float]] = {"fixed_shapes": [], "sentence_transformers": []}
+        for _ in range(args.repeat):  # alternated, so both see the same machine
+            start = time.perf_counter()
+            ours = embedder.encode(texts)
+            times["fixed_shapes"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            theirs = embedder.model.encode(texts, batch_size=embedder.batch_size, normalize_embeddings=True)
+            times["sentence_transformers"].append(time.perf_counter() - start)
+        best = {name: min(t) for name, t in times.items()}
+        print(json.dumps({
+            "texts": kind, "n": len(texts),
+            **{f"{name}_texts_per_s": round(len(texts) / s, 1) for name, s in best.items()},
+            "fixed_over_st_time": round(best["fixed_shapes"] / best["sentence_transformers"], 2),
+            "max_abs_difference": float(np.abs(ours - theirs).max()),
+        }))
+
+
+if __name__ == "__main__":
+    main()
