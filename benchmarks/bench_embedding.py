@@ -60,12 +60,17 @@ def main() -> None:
             theirs = embedder.model.encode(texts, batch_size=embedder.batch_size, normalize_embeddings=True)
             times["sentence_transformers"].append(time.perf_counter() - start)
         best = {name: min(t) for name, t in times.items()}
-        print(json.dumps({
-            "texts": kind, "n": len(texts),
-            **{f"{name}_texts_per_s": round(len(texts) / s, 1) for name, s in best.items()},
-            "fixed_over_st_time": round(best["fixed_shapes"] / best["sentence_transformers"], 2),
-            "max_abs_difference": float(np.abs(ours - theirs).max()),
-        }))
+        print(
+            json.dumps(
+                {
+                    "texts": kind,
+                    "n": len(texts),
+                    **{f"{name}_texts_per_s": round(len(texts) / s, 1) for name, s in best.items()},
+                    "fixed_over_st_time": round(best["fixed_shapes"] / best["sentence_transformers"], 2),
+                    "max_abs_difference": float(np.abs(ours - theirs).max()),
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -163,7 +163,11 @@ class NodeConfig:
     device: str | None = option(
         None, "Torch device for embedding and kNN (default: cuda when present, else cpu).", runtime=True
     )
-    embed_batch_size: int = option(128, "Texts per embedder batch.", runtime=True)
+    embed_batch_size: int = option(
+        128,
+        "Texts per embedder batch. Every batch has this many rows, so an embedding depends on the text and this "
+        "number only (an update uses the index's).",
+    )
     long_texts: str = option(
         "mean",
         "Texts longer than the embedder's limit (256 word pieces for the default): 'mean' embeds them whole (mean of "

@@ -139,6 +139,11 @@ def add_documents(
             embedder = embedder or load_embedder(config.nodes, cluster)
         if embedder.model_name != manifest["models"]["embedder"]:
             raise QCGError(f"the index was embedded with {manifest['models']['embedder']}, not {embedder.model_name}")
+        if embedder.batch_size != config.nodes.embed_batch_size:  # the batch shape decides an embedding's last bits
+            raise QCGError(
+                f"the index was embedded in batches of {config.nodes.embed_batch_size} texts; this embedder uses "
+                f"{embedder.batch_size}"
+            )
         with stage(summary, "embed"):
             embedded = embed_and_select(chunks, pairs, config.nodes, embedder)
         with stage(summary, "knn"):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from qcg_gpu import build_index
+from qcg_gpu.embedding import Embedder
 from qcg_gpu.errors import QCGError
 from qcg_gpu.incremental import add_documents, remove_documents
 from qcg_gpu.index_format import load_array, load_table, read_manifest
@@ -123,6 +124,11 @@ def test_bad_updates_are_refused(tmp_path, embedder):
     other.graph.knn_k = 4
     with pytest.raises(QCGError, match="knn_k=4 .*index has 2"):
         add_documents(tmp_path / "idx", new, other, embedder=embedder)
+    other = _config(tmp_path, nodes="sentence", embed_batch_size=embedder.batch_size + 1)
+    with pytest.raises(QCGError, match="embed_batch_size"):  # it decides an embedding's last bits
+        add_documents(tmp_path / "idx", new, other, embedder=embedder)
+    with pytest.raises(QCGError, match=f"in batches of {embedder.batch_size} texts; this embedder uses 7"):
+        add_documents(tmp_path / "idx", new, config, embedder=Embedder(device="cpu", batch_size=7))
     assert read_manifest(tmp_path / "idx") == before
 
 

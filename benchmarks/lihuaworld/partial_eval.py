@@ -86,6 +86,7 @@ def main() -> None:
         [
             *qcg,
             "index",
+            "build",
             subset,
             args.out / "index",
             "--overwrite",
