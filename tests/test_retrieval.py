@@ -8,6 +8,7 @@ from qcg_gpu.errors import QCGError
 from qcg_gpu.knn import knn_graph
 from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever, check_queries
 
+from .conftest import DEVICES
 from .conftest import RETRIEVAL_BACKENDS as BACKENDS
 from .reference import reference_search
 
@@ -166,6 +167,27 @@ def test_bf16_prefilter_falls_back_on_rows_of_near_ties(backend):
     exact = Retriever(index, RetrievalConfig(**{**vars(config), "prefilter": "off"})).search(queries)
     for field in ("seed_ids", "chunk_ids", "scores", "n_selected"):
         np.testing.assert_array_equal(getattr(result, field), getattr(exact, field))
+
+
+@pytest.mark.skipif(not WITH_TORCH, reason="the bf16 prefilter runs its GEMM in torch")
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_prefilters_rescore_exactly_on_every_backend(device):
+    # The bound covers the exact similarity, so both prefilters rescore their candidates in float64:
+    # a float32 rescoring (off by up to d 2^-24 |q||u|) would fall outside it, and its values differ
+    # from the numpy prefilter's in the last bits
+    index = random_index(3, 3000, 384, 2, n_chunks=300)
+    queries = queries_for(index, 3, 200)
+    config = RetrievalConfig(gamma=1.0, n=10, hops=1, top_k=5, prefilter="bf16")
+    numpy_result = Retriever(index, RetrievalConfig(**{**vars(config), "backend": "numpy"})).search(queries)
+    torch_result = Retriever(index, RetrievalConfig(**{**vars(config), "backend": "torch", "device": device}))
+    torch_result = torch_result.search(queries)
+    assert (numpy_result.seed_ids >= 0).sum() > 1000
+    np.testing.assert_array_equal(torch_result.seed_ids, numpy_result.seed_ids)
+    np.testing.assert_array_equal(torch_result.seed_sims, numpy_result.seed_sims)
+    exact = (queries.astype(np.float64) @ index.node_embeddings.T.astype(np.float64)).astype(np.float32)
+    seeds = numpy_result.seed_ids >= 0
+    rows = np.nonzero(seeds)[0]
+    np.testing.assert_array_equal(torch_result.seed_sims[seeds], exact[rows, numpy_result.seed_ids[seeds]])
 
 
 @pytest.mark.skipif(not WITH_TORCH, reason="the bf16 prefilter runs its GEMM in torch")

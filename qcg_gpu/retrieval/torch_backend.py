@@ -86,7 +86,9 @@ class TorchBackend:
     def _seeds_bf16(self, tile, threshold: float, n: int, nodes_bf16):
         """Exact seeds from a bf16 GEMM: the top n + margin approximations hold every node that can
         be a seed when the last of them is below max(t, a_n - eps) - eps (see kernels/prefilter_cpu.py);
-        those are rescored in float32, other rows take the float32 path."""
+        those are rescored in float64, like the numpy backend's, because the bound is on the exact
+        similarity (a float32 rescoring may differ from it by d 2^-24 |q| |u|, outside the bound);
+        other rows take the float32 path."""
         torch = self.torch
         tile_bf16 = tile.bfloat16()
         with float32_accumulation(torch):
@@ -97,10 +99,10 @@ class TorchBackend:
         vals = vals.float()
         floor = torch.maximum(threshold - eps, vals[:, n - 1] - 2 * eps)
         complete = (vals[:, -1] < floor) | (width == approx.shape[1])
-        sims = self._gather_dot(self.nodes, tile, ids)
+        sims = exact_dot(torch, self.nodes, tile, ids)
         sims = torch.where((vals >= floor[:, None]) & (sims >= threshold), sims, -float("inf"))
-        ids, sims = sort_best_first(ids, sims)
-        ids, sims = ids[:, :n], sims[:, :n]
+        ids, sims = sort_best_first(ids, sims)  # float64: float32 rounding makes no ties
+        ids, sims = ids[:, :n], sims[:, :n].float()
         ids = torch.where(torch.isfinite(sims), ids, -1)
         if not complete.all():
             rows = torch.nonzero(~complete).flatten()
@@ -140,6 +142,17 @@ class TorchBackend:
             best = torch.cat([best, torch.full((len(best), pad), n_chunks, device=best.device)], 1)
             scores = torch.cat([scores, torch.full((len(best), pad), -float("inf"), device=best.device)], 1)
         return torch.where(torch.isfinite(scores), best, -1), scores
+
+
+def exact_dot(torch, nodes, queries, ids, rows: int = 512):
+    """(B, L) float64 tensor ``nodes[ids[b, j]] . queries[b]`` (ids >= 0), in blocks of ``rows`` queries
+    so the gathered float64 rows stay small (512 x 74 x 384 x 8 bytes = 116 MB)."""
+    out = torch.empty(ids.shape, dtype=torch.float64, device=ids.device)
+    for start in range(0, len(ids), rows):
+        block = slice(start, start + rows)
+        gathered = nodes[ids[block].clamp(min=0)].double()
+        out[block] = torch.einsum("bld,bd->bl", gathered, queries[block].double())
+    return out
 
 
 @contextlib.contextmanager
