@@ -81,13 +81,23 @@ class GenerationConfig:
         "Penalty on repeated tokens; without it small models repeat one pair M times. Use 1.0 for APIs that reject "
         "the field (OpenAI's).",
     )
-    seed: int = option(0, "Sampling seed (same seed + same inputs = same pairs on the same engine).")
+    seed: int = option(
+        0,
+        "Sampling seed. Each request's seed derives from it and the request's chunk, so the same inputs give the "
+        "same pairs on the same machine, however they are batched or resumed (the manifest's llm_reproducibility "
+        "says what the engine promises).",
+    )
     max_question_chars: int = option(200, "Longest question the JSON schema allows (bounds output tokens).")
     max_answer_chars: int = option(150, "Longest answer the JSON schema allows.")
     max_tokens: int | None = option(
         None, "Output token cap per chunk (default: enough for M pairs at the length caps)."
     )
-    max_model_len: int | None = option(None, "vLLM context length (default: the model's).", runtime=True)
+    max_model_len: int | None = option(
+        None,
+        "vLLM context length (default: the model's; on CPU at most 8192, since there every prompt is prefilled in "
+        "one step so that per-request seeds work).",
+        runtime=True,
+    )
     gpu_memory_utilization: float = option(
         0.9, "vLLM: share of GPU memory the engine may use (GPU only).", runtime=True
     )

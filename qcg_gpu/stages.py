@@ -36,6 +36,7 @@ from .embedding import Embedder
 from .errors import QCGError
 from .index_format import IndexWriter
 from .knn import KnnGraph, knn_graph
+from .llm import reproducibility
 from .log import logger, progress_bar
 from .nodes import Nodes, pair_nodes, pair_text, sentence_nodes
 
@@ -309,6 +310,7 @@ def build_manifest(config: IndexConfig, summary: IndexSummary, llm_name: str | N
         "settings": settings,
         "models": {
             "llm": llm_name,
+            "llm_reproducibility": reproducibility(config.generation) if llm_name else None,
             "embedder": embedder.model_name,
             "embedding_dim": embedder.dim,
             "embedder_max_tokens": embedder.max_tokens,

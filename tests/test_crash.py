@@ -98,10 +98,16 @@ def test_kill_during_generation_loses_at_most_the_batch_in_flight(tmp_path):
     assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
     assert f"{6 - done} chunks generated, {done} from cache" in rerun.stdout  # nothing finished was regenerated
     assert check_index(index) == []
-    # and a third run, entirely from the cache, writes the same index
+    # a third run, entirely from the cache, writes the same index
     again = qcg("index", docs, tmp_path / "again", *options, "--quiet")
     assert "0 chunks generated, 6 from cache" in again.stdout
     assert load_table(tmp_path / "again", "pairs").equals(load_table(index, "pairs"))
+    # and so does an uninterrupted run with a fresh cache: each request's seed comes from the run's
+    # seed and its chunk, not from where the engine's generator stood (issue 15)
+    fresh = ("--m", "4", "--batch-chunks", "1", "--cache", tmp_path / "fresh.sqlite", "--device", "cpu")
+    uninterrupted = qcg("index", docs, tmp_path / "uninterrupted", *fresh, "--quiet")
+    assert "6 chunks generated, 0 from cache" in uninterrupted.stdout
+    assert load_table(tmp_path / "uninterrupted", "pairs").equals(load_table(index, "pairs"))
 
 
 def _cached(cache) -> int:

@@ -112,6 +112,16 @@ def test_rerun_hits_the_cache_and_rebuilds_identically(built, tmp_path, few_docs
     assert again.output_tokens == first.output_tokens  # token counts are remembered with the replies
 
 
+def test_fresh_caches_give_the_same_pairs(built, tmp_path, few_docs, vllm_backend, embedder):
+    # the engine has sampled other requests since: per-request seeds make that irrelevant
+    first, _, _ = built
+    fresh = tmp_path / "fresh"
+    summary = build_index(few_docs, fresh / "idx", _config(fresh), llm=vllm_backend, embedder=embedder)
+    assert summary.cached_chunks == 0 and summary.generated_chunks > 0
+    assert load_table(fresh / "idx", "pairs").equals(load_table(first, "pairs"))
+    assert "per-request seeds" in read_manifest(fresh / "idx")["models"]["llm_reproducibility"]
+
+
 def test_stored_replies_replay_a_generation_without_loading_an_llm(
     built, tmp_path, few_docs, vllm_backend, embedder, monkeypatch
 ):

@@ -94,7 +94,7 @@ def test_compact_json_replies_carry_no_optional_whitespace(tmp_path):
 def test_an_engine_refuses_requests_for_the_other_json_layout(vllm_backend):
     """A reply cached under compact_json=True must be compact: an engine loaded without it refuses such requests."""
     with pytest.raises(QCGError, match="loaded with compact_json=False"):
-        vllm_backend.sampling_params(doc2query.sampling_spec(GenerationConfig(m=2, compact_json=True)))
+        vllm_backend.sampling_params(doc2query.sampling_spec(GenerationConfig(m=2, compact_json=True)), [])
 
 
 def test_a_request_the_engine_refuses_fails_alone(vllm_backend):

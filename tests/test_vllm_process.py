@@ -8,6 +8,10 @@ import sys
 
 import pytest
 
+from qcg_gpu.answer import answer_from_chunks
+from qcg_gpu.config import AnswerConfig
+from qcg_gpu.index_format import load_table
+
 from .conftest import qcg
 
 pytestmark = pytest.mark.llm
@@ -31,19 +35,23 @@ def test_vllm_starts_after_numba_was_imported():
     assert int(tokens) > 0 and error == "None"
 
 
-def test_answer_with_in_process_vllm(small_index):
-    result = qcg(
-        "answer",
-        small_index,
-        "--queries",
-        small_index / "../docs/20260105_1400.txt",
-        "--gamma",
-        "1.0",
-        "--retrieval-backend",
-        "numpy",
-        "--max-answer-tokens",
-        24,
-    )
+def test_answer_with_in_process_vllm(small_index, vllm_backend):
+    # qcg answer = qcg query's chunks + the LLM's greedy reply to a prompt built from their texts:
+    # the same reply as answering those chunks in this process with the same engine settings
+    args = ["--queries", small_index / "../docs/20260105_1400.txt", "--gamma", "1.0", "--retrieval-backend", "numpy"]
+    result = qcg("answer", small_index, *args, "--max-answer-tokens", 24)
     assert result.returncode == 0, result.stderr[-3000:]
     records = [json.loads(line) for line in result.stdout.splitlines()]
-    assert records and all(isinstance(r["answer"], str) for r in records)
+    retrieved = [json.loads(line) for line in qcg("query", small_index, *args).stdout.splitlines()]
+    assert len(records) > 3 and [r["chunks"] for r in records] == [r["chunks"] for r in retrieved]
+    texts = load_table(small_index, "chunks").column("text").to_pylist()
+    expected = answer_from_chunks(
+        vllm_backend,
+        [r["query"] for r in records],
+        [[c["chunk_id"] for c in r["chunks"]] for r in records],
+        texts,
+        AnswerConfig(max_answer_tokens=24),
+    )
+    assert [r["answer"] for r in records] == [c.text.strip() for c in expected]
+    assert all(r["answer"] and "error" not in r for r in records)
+    assert all(0 < c.output_tokens <= 24 for c in expected)
