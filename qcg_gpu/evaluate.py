@@ -4,7 +4,8 @@ retrieval metrics (no LLM needed) and, when an LLM is given, by answer metrics a
 Every method sees the same chunks, embedder and K. Node-text ablations and the ``knn`` /
 ``alpha`` sweeps are derived from the index's stored pairs (qcg_gpu/variants.py), so nothing
 is generated again. Outputs (see :func:`write_report`): per-question ``results.jsonl``,
-``summary.md`` / ``summary.csv`` laid out like the paper's Table 1, and one CSV + PNG per sweep.
+``summary.md`` / ``summary.csv`` laid out like the paper's Table 1, one CSV + PNG per sweep,
+and TREC run files of every method with their qrels (documents and chunks, qcg_gpu/runfiles.py).
 """
 
 from __future__ import annotations
@@ -12,10 +13,8 @@ from __future__ import annotations
 import csv
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-
-import numpy as np
 
 from .answer import answer_from_chunks
 from .config import ABLATIONS, BASELINES, INDEX_PARAMETERS, SWEEPS, AnswerConfig, EvalConfig
@@ -25,19 +24,18 @@ from .errors import QCGError
 from .llm import LLMBackend, SamplingSpec
 from .log import logger, progress_bar
 from .metrics import (
-    all_evidence_hit,
-    evidence_recall,
     exact_match,
     is_abstention,
     judge_conversation,
+    metric_base,
     parse_verdict,
-    reciprocal_rank,
+    retrieval_scores,
     token_f1,
 )
-from .retrieval import QCGIndex, RetrievalConfig, search
+from .retrieval import QCGIndex, RetrievalConfig, RetrievalResult, search
+from .runfiles import chunk_docno, document_ranking, write_qrels, write_run
 from .variants import derive_index
 
-RETRIEVAL_METRICS = ("recall", "hit", "mrr")
 ANSWER_METRICS = ("judge", "em", "f1")
 
 
@@ -46,10 +44,13 @@ class Evaluation:
     records: list[dict]  # one per (method, question)
     sweeps: dict[str, list[dict]]  # sweep name -> one row per point
     types: list[str]
+    chunks_of: dict[str, set[str]] = field(default_factory=dict)  # doc id -> its chunks' docnos (chunk qrels)
 
     def add(self, other: Evaluation, label: str) -> None:
         """Append another index's records, their methods labelled ``METHOD@label``."""
         self.records += [{**r, "method": f"{r['method']}@{label}"} for r in other.records]
+        for doc, chunks in other.chunks_of.items():
+            self.chunks_of.setdefault(doc, set()).update(chunks)
 
 
 class Harness:
@@ -73,6 +74,9 @@ class Harness:
         self.questions, self.types = evalset.questions, _type_order(evalset.questions)
         self.vectors = embedder.encode([q.question for q in self.questions], "questions")
         self.doc_ids = index.chunks.column("doc_id").to_pylist()
+        self.chunk_docnos = [
+            chunk_docno(d, i) for d, i in zip(self.doc_ids, index.chunks.column("chunk_index").to_pylist())
+        ]
 
     def run(self, config: EvalConfig) -> Evaluation:
         records = []
@@ -82,19 +86,23 @@ class Harness:
         if config.answers:
             self.score_answers(records, config.judge)
         sweeps = {name: self.sweep(name, config) for name in config.sweep_list()}
-        return Evaluation(records, sweeps, self.types)
+        chunks_of: dict[str, set[str]] = {}
+        for doc, docno in zip(self.doc_ids, self.chunk_docnos):
+            chunks_of.setdefault(doc, set()).add(docno)
+        return Evaluation(records, sweeps, self.types, chunks_of)
 
-    def retrieve(self, method: str, index: QCGIndex, retrieval: RetrievalConfig) -> np.ndarray:
-        """(B, K) chunk ids of every question, -1 padded."""
+    def retrieve(self, method: str, index: QCGIndex, retrieval: RetrievalConfig) -> RetrievalResult:
+        """Every question's top-K chunks and their scores."""
         if method in BASELINES:
-            return search(index, self.vectors, retrieval, method, self.embedder).chunk_ids
+            return search(index, self.vectors, retrieval, method, self.embedder)
         if method in ABLATIONS:
             index = derive_index(index, nodes=method.removeprefix("qcg-"), embedder=self.embedder)
-        return search(index, self.vectors, retrieval, cluster=self.cluster).chunk_ids
+        return search(index, self.vectors, retrieval, cluster=self.cluster)
 
-    def score_retrieval(self, method: str, chunk_ids: np.ndarray, setting: dict | None = None) -> list[dict]:
+    def score_retrieval(self, method: str, result: RetrievalResult, setting: dict | None = None) -> list[dict]:
+        """One record per question: its ranking (chunk ids, docnos, documents, scores) and retrieval metrics."""
         records = []
-        for question, row in zip(self.questions, chunk_ids):
+        for question, row, row_scores in zip(self.questions, result.chunk_ids, result.scores):
             ranked = [int(c) for c in row if c >= 0]
             docs = [self.doc_ids[c] for c in ranked]
             records.append(
@@ -107,10 +115,10 @@ class Harness:
                     "gold": question.answer,
                     "evidence": question.evidence,
                     "chunk_ids": ranked,
+                    "chunks": [self.chunk_docnos[c] for c in ranked],
                     "docs": docs,
-                    "recall": evidence_recall(docs, question.evidence),
-                    "hit": all_evidence_hit(docs, question.evidence),
-                    "mrr": reciprocal_rank(docs, question.evidence),
+                    "scores": [round(float(s), 6) for s in row_scores[: len(ranked)]],
+                    **retrieval_scores(docs, question.evidence, len(row)),
                 }
             )
         return records
@@ -201,14 +209,18 @@ def summarize(records: list[dict], types: list[str]) -> list[dict]:
     for method in dict.fromkeys(r["method"] for r in records):
         mine = [r for r in records if r["method"] == method]
         row = {"method": method, "questions": len(mine)}
-        for metric in RETRIEVAL_METRICS + ANSWER_METRICS:
-            if not any(metric in r for r in mine):
-                continue
+        for metric in metric_names(mine):
             row[metric] = _mean(r.get(metric) for r in mine)
             for qtype in types:
                 row[f"{metric}_{qtype}"] = _mean(r.get(metric) for r in mine if r["type"] == qtype)
         rows.append(row)
     return rows
+
+
+def metric_names(records: list[dict]) -> list[str]:
+    """The metrics the records carry, answer metrics first (the paper's order), then retrieval ones (``R@5``...)."""
+    keys = dict.fromkeys(key for r in records for key in r)
+    return [m for m in ANSWER_METRICS if m in keys] + [k for k in keys if "@" in k]
 
 
 # --- report ---------------------------------------------------------------------------------
@@ -217,10 +229,17 @@ METRIC_TITLES = {
     "judge": "LLM-as-judge accuracy (%)",
     "em": "Exact match (%)",
     "f1": "Token F1 (%)",
-    "recall": "Evidence recall@K (%)",
-    "hit": "All evidence in top-K (%)",
-    "mrr": "MRR of the first evidence chunk (x100)",
+    "R": "Evidence recall",
+    "RR": "Reciprocal rank of the first evidence document (x100)",
+    "nDCG": "nDCG, binary evidence gains (x100)",
+    "AP": "Average precision (x100)",
+    "Success": "Any evidence document retrieved (%)",
+    "AllEvidence": "All evidence documents retrieved (%)",
 }
+
+
+def metric_title(name: str) -> str:
+    return METRIC_TITLES[metric_base(name)] + (f", {name}" if "@" in name else "")
 
 
 def _pct(value: float | None) -> str:
@@ -229,11 +248,9 @@ def _pct(value: float | None) -> str:
 
 def markdown_tables(rows: list[dict], types: list[str]) -> str:
     parts = []
-    for metric, title in METRIC_TITLES.items():
-        if not any(metric in row for row in rows):
-            continue
+    for metric in metric_names(rows):
         header = ["method", "overall"] + types
-        lines = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines = [f"### {metric_title(metric)}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for row in rows:
             cells = [row["method"], _pct(row.get(metric))] + [_pct(row.get(f"{metric}_{t}")) for t in types]
             lines.append("| " + " | ".join(cells) + " |")
@@ -242,7 +259,8 @@ def markdown_tables(rows: list[dict], types: list[str]) -> str:
 
 
 def write_report(evaluation: Evaluation, out: str | Path, header: dict, problems: list[str]) -> list[Path]:
-    """results.jsonl, summary.md, summary.csv and sweep_<name>.csv/.png in ``out``; returns the paths."""
+    """results.jsonl, summary.md, summary.csv, sweep_<name>.csv/.png and the TREC files (:func:`write_runs`)
+    in ``out``; returns the paths."""
     from .plots import plot_sweep
 
     out = Path(out)
@@ -281,6 +299,29 @@ def write_report(evaluation: Evaluation, out: str | Path, header: dict, problems
     if problems:
         md += ["", "### Data problems found and handled", "", *[f"- {p}" for p in problems]]
     written[1].write_text("\n".join(md) + "\n", encoding="utf-8")
+    return written + write_runs(evaluation, out)
+
+
+def write_runs(evaluation: Evaluation, out: Path) -> list[Path]:
+    """``runs/METHOD.documents.run`` and ``runs/METHOD.chunks.run`` for every method, with
+    ``qrels.documents.txt`` and ``qrels.chunks.txt`` (questions with evidence only) beside them:
+    ``ir_measures qrels.documents.txt runs/qcg.documents.run R@5 nDCG@5`` scores a method."""
+    records = evaluation.records
+    evidence = {r["qid"]: r["evidence"] for r in records if r["evidence"]}
+    chunk_evidence = {
+        qid: sorted(c for doc in docs for c in evaluation.chunks_of.get(doc, ())) for qid, docs in evidence.items()
+    }
+    written = [
+        write_qrels(out / "qrels.documents.txt", evidence),
+        write_qrels(out / "qrels.chunks.txt", chunk_evidence),
+    ]
+    for method in dict.fromkeys(r["method"] for r in records):
+        mine = [r for r in records if r["method"] == method]
+        name = method.replace("/", "_")
+        documents = {r["qid"]: document_ranking(r["docs"], r["scores"]) for r in mine}
+        chunks = {r["qid"]: list(zip(r["chunks"], r["scores"])) for r in mine}
+        written.append(write_run(out / "runs" / f"{name}.documents.run", documents, method))
+        written.append(write_run(out / "runs" / f"{name}.chunks.run", chunks, method))
     return written
 
 

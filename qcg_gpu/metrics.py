@@ -3,30 +3,86 @@ and the LLM-as-judge verdict (prompt and robust parsing)."""
 
 from __future__ import annotations
 
+import math
 import re
 import string
 from collections import Counter
 
 # --- retrieval (documents of the top-K chunks vs the question's evidence documents) -------
+# Each takes the documents of the ranked chunks, best first (a document may repeat: it ranks at its
+# first, best, chunk), and the question's evidence documents (binary relevance). Names follow
+# ir_measures, with the cutoff K: R@5, RR@5, nDCG@5, AP@5, Success@5; the same values as trec_eval
+# gives on our document-level run and qrels files (qcg_gpu/runfiles.py, tested).
+
+
+def _ranked(retrieved_docs: list[str]) -> list[str]:
+    return list(dict.fromkeys(retrieved_docs))
 
 
 def evidence_recall(retrieved_docs: list[str], evidence: list[str]) -> float:
-    """Fraction of the evidence documents among the retrieved chunks' documents."""
+    """R@K: fraction of the evidence documents among the retrieved chunks' documents."""
     wanted = set(evidence)
     return len(wanted & set(retrieved_docs)) / len(wanted) if wanted else float("nan")
 
 
 def all_evidence_hit(retrieved_docs: list[str], evidence: list[str]) -> float:
-    """1 when every evidence document was retrieved."""
+    """AllEvidence@K: 1 when every evidence document was retrieved (what multi-hop questions need)."""
     return float(set(evidence) <= set(retrieved_docs)) if evidence else float("nan")
 
 
+def success(retrieved_docs: list[str], evidence: list[str]) -> float:
+    """Success@K: 1 when any evidence document was retrieved."""
+    return float(bool(set(evidence) & set(retrieved_docs))) if evidence else float("nan")
+
+
 def reciprocal_rank(retrieved_docs: list[str], evidence: list[str]) -> float:
-    """1 / rank of the first retrieved chunk from an evidence document (0 when none is)."""
+    """RR@K: 1 / rank of the first evidence document (0 when none is)."""
     if not evidence:
         return float("nan")
     wanted = set(evidence)
-    return next((1.0 / rank for rank, doc in enumerate(retrieved_docs, 1) if doc in wanted), 0.0)
+    return next((1.0 / rank for rank, doc in enumerate(_ranked(retrieved_docs), 1) if doc in wanted), 0.0)
+
+
+def ndcg(retrieved_docs: list[str], evidence: list[str], k: int) -> float:
+    """nDCG@K, binary gains: DCG over the ranked documents / DCG of the ideal ranking."""
+    if not evidence:
+        return float("nan")
+    wanted = set(evidence)
+    dcg = sum(1 / math.log2(rank + 1) for rank, doc in enumerate(_ranked(retrieved_docs)[:k], 1) if doc in wanted)
+    return dcg / sum(1 / math.log2(rank + 1) for rank in range(1, min(len(wanted), k) + 1))
+
+
+def average_precision(retrieved_docs: list[str], evidence: list[str], k: int) -> float:
+    """AP@K (trec_eval's map_cut): precision at each evidence document's rank <= K, over all evidence."""
+    if not evidence:
+        return float("nan")
+    wanted, hits, total = set(evidence), 0, 0.0
+    for rank, doc in enumerate(_ranked(retrieved_docs)[:k], 1):
+        if doc in wanted:
+            hits += 1
+            total += hits / rank
+    return total / len(wanted)
+
+
+RETRIEVAL_METRICS = ("R", "RR", "nDCG", "AP", "Success", "AllEvidence")
+
+
+def retrieval_scores(retrieved_docs: list[str], evidence: list[str], k: int) -> dict[str, float]:
+    """Every retrieval metric of one ranking, named with its cutoff (``R@5``, ...)."""
+    values = {
+        "R": evidence_recall(retrieved_docs, evidence),
+        "RR": reciprocal_rank(retrieved_docs, evidence),
+        "nDCG": ndcg(retrieved_docs, evidence, k),
+        "AP": average_precision(retrieved_docs, evidence, k),
+        "Success": success(retrieved_docs, evidence),
+        "AllEvidence": all_evidence_hit(retrieved_docs, evidence),
+    }
+    return {f"{name}@{k}": values[name] for name in RETRIEVAL_METRICS}
+
+
+def metric_base(name: str) -> str:
+    """``R@5`` -> ``R``; answer metrics have no cutoff."""
+    return name.split("@", 1)[0]
 
 
 # --- answers against the gold answer (SQuAD-style normalisation) --------------------------

@@ -5,14 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from .capabilities import require
+from .metrics import metric_base
 
-PANELS = ("judge", "recall", "mrr")  # the first of these a sweep has goes in the left panel
-LABELS = {
-    "judge": "judge accuracy (%)",
-    "recall": "evidence recall@K (%)",
-    "mrr": "MRR (x100)",
-    "hit": "all evidence@K (%)",
-}
+PANELS = ("judge", "R", "RR")  # the first of these a sweep has goes in the left panel
+LABELS = {"judge": "judge accuracy (%)", "R": "evidence recall (%)", "RR": "reciprocal rank (x100)"}
 
 
 def plot_sweep(name: str, rows: list[dict], path: str | Path) -> None:
@@ -23,7 +19,8 @@ def plot_sweep(name: str, rows: list[dict], path: str | Path) -> None:
 
     x = "n" if name == "seeds" else next(k for k in rows[0] if k in ("hops", "knn_k", "alpha"))
     series = "gamma" if name == "seeds" else None
-    metrics = [m for m in PANELS if any(m in row for row in rows)]
+    names = [key for key in rows[0] if metric_base(key) in PANELS]
+    metrics = sorted(names, key=lambda key: PANELS.index(metric_base(key)))
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.2), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
         for value in dict.fromkeys(row.get(series) for row in rows):
@@ -35,7 +32,7 @@ def plot_sweep(name: str, rows: list[dict], path: str | Path) -> None:
                 label=f"{series} = {value}" if series else None,
             )
         ax.set_xlabel({"knn_k": "k (kNN neighbours)", "n": "n (most seed nodes)", "hops": "h (hops)"}.get(x, x))
-        ax.set_ylabel(LABELS[metric])
+        ax.set_ylabel(f"{metric}, {LABELS[metric_base(metric)]}" if "@" in metric else LABELS[metric])
         ax.grid(alpha=0.3)
         if series:
             ax.legend()

@@ -14,6 +14,7 @@ from .embedding import Embedder
 from .errors import QCGError
 from .models import DEFAULT_EMBEDDER
 from .retrieval import QCGIndex, RetrievalConfig, RetrievalResult, trace_query
+from .runfiles import Ranking, chunk_docno, document_ranking
 
 
 def read_queries(query: str | None = None, path: str | Path | None = None) -> tuple[list[str], list[str]]:
@@ -85,6 +86,20 @@ def describe(
             record["trace"] = trace_query(index, queries[b], result.seed_ids[b], result.seed_sims[b], config.hops)
         records.append(record)
     return records
+
+
+def trec_rankings(index: QCGIndex, result: RetrievalResult, chunks: bool) -> list[Ranking]:
+    """Each query's ranking for a TREC run: its chunks (docno DOC_ID#CHUNK_INDEX), or their documents."""
+    doc_ids = index.chunks.column("doc_id").to_pylist()
+    positions = index.chunks.column("chunk_index").to_pylist()
+    rankings = []
+    for row, scores in zip(result.chunk_ids, result.scores):
+        ranked = [(int(c), float(s)) for c, s in zip(row, scores) if c >= 0]
+        if chunks:
+            rankings.append([(chunk_docno(doc_ids[c], positions[c]), s) for c, s in ranked])
+        else:
+            rankings.append(document_ranking([doc_ids[c] for c, _ in ranked], [s for _, s in ranked]))
+    return rankings
 
 
 def add_answers(records: list[dict], texts: list[str], index: QCGIndex, llm, config: AnswerConfig) -> None:

@@ -112,9 +112,9 @@ def test_eval_answers_judges_and_reports(small_index, questions_file, vllm_backe
         assert isinstance(r["answer"], str) and r["answer"] or r.get("error")
         assert r["judge"] in (0.0, 1.0) and r["em"] in (0.0, 1.0) and 0.0 <= r["f1"] <= 1.0
         if r["type"] == "null":
-            assert r["judge"] == r["em"] == float(r["abstained"]) and np.isnan(r["recall"])
+            assert r["judge"] == r["em"] == float(r["abstained"]) and np.isnan(r["R@5"])
         else:
-            assert r["recall"] == evidence_recall(r["docs"], r["evidence"])
+            assert r["R@5"] == evidence_recall(r["docs"], r["evidence"])
             assert ("judge_reply" in r) == (bool(r["answer"]) and not r["abstained"])
             if r["abstained"]:
                 assert r["judge"] == 0.0
@@ -137,13 +137,13 @@ def test_eval_answers_judges_and_reports(small_index, questions_file, vllm_backe
     hop1 = next(row for row in evaluation.sweeps["hops"] if row["hops"] == 1)
     qcg_row = next(row for row in summarize(records, evaluation.types) if row["method"] == "qcg")
     assert (
-        hop1["recall"] == qcg_row["recall"] and hop1["mrr"] == qcg_row["mrr"]
+        hop1["R@5"] == qcg_row["R@5"] and hop1["RR@5"] == qcg_row["RR@5"]
     )  # the sweep's default point is the main run
 
     paths = write_report(evaluation, tmp_path / "report", {"dataset": "fixture"}, ["a problem"])
     assert all(p.exists() and p.stat().st_size > 0 for p in paths)
     lines = [json.loads(line) for line in (tmp_path / "report" / "results.jsonl").read_text().splitlines()]
-    assert len(lines) == len(records) and lines[-1]["recall"] is None  # NaN written as null: valid JSON
+    assert len(lines) == len(records) and lines[-1]["R@5"] is None  # NaN written as null: valid JSON
     summary = (tmp_path / "report" / "summary.md").read_text()
     assert "LLM-as-judge accuracy" in summary and "| qcg-q |" in summary and "a problem" in summary
     unparsed = sum(1 for r in records if r.get("judge_unparsed"))  # the fault's one, plus any of the small model's own
@@ -179,7 +179,7 @@ def test_eval_cli_retrieval_only(small_index, questions_file, tmp_path):
         "1",
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "Evidence recall@K" in result.stdout and "LLM-as-judge" not in result.stdout
+    assert "Evidence recall, R@5" in result.stdout and "LLM-as-judge" not in result.stdout
     assert "| qcg@again |" in result.stdout and "questions by type: {'single': 1, 'null': 1}" in result.stdout
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [r["method"] for r in records] == [
@@ -193,6 +193,15 @@ def test_eval_cli_retrieval_only(small_index, questions_file, tmp_path):
         "qcg@again",
     ]
     assert [r["chunk_ids"] for r in records[:4]] == [r["chunk_ids"] for r in records[4:]]  # the same index twice
+    # TREC files: trec_eval's R@5 and RR@5 on the qcg run equal ours (questions with evidence only)
+    ir_measures = pytest.importorskip("ir_measures")
+    qrels = list(ir_measures.read_trec_qrels(str(out / "qrels.documents.txt")))
+    run = list(ir_measures.read_trec_run(str(out / "runs" / "qcg.documents.run")))
+    theirs = ir_measures.calc_aggregate([ir_measures.R @ 5, ir_measures.RR @ 5], qrels, run)
+    mine = [r for r in records if r["method"] == "qcg" and r["evidence"]]
+    assert mine and theirs[ir_measures.R @ 5] == pytest.approx(np.mean([r["R@5"] for r in mine]))
+    assert theirs[ir_measures.RR @ 5] == pytest.approx(np.mean([r["RR@5"] for r in mine]))
+    assert (out / "runs" / "naive@again.chunks.run").exists() and (out / "qrels.chunks.txt").read_text()
     rows = (out / "sweep_seeds.csv").read_text().splitlines()
     assert rows[0].startswith("gamma,n,") and len(rows) == 1 + 8
     assert (out / "sweep_seeds.png").exists()

@@ -8,12 +8,15 @@ import pytest
 
 from qcg_gpu.metrics import (
     all_evidence_hit,
+    average_precision,
     evidence_recall,
     exact_match,
     is_abstention,
+    ndcg,
     normalize_answer,
     parse_verdict,
     reciprocal_rank,
+    success,
     token_f1,
 )
 
@@ -24,10 +27,14 @@ def test_retrieval_metrics():
     assert evidence_recall(docs, ["d1", "d7"]) == 1.0
     assert all_evidence_hit(docs, ["d1", "d2"]) == 0.0 and all_evidence_hit(docs, ["d7", "d3"]) == 1.0
     assert reciprocal_rank(docs, ["d1", "d2"]) == 0.5
-    assert reciprocal_rank(docs, ["d7"]) == 0.25
+    assert reciprocal_rank(docs, ["d7"]) == 1 / 3  # documents rank at their best chunk: d3, d1, d7
+    assert ndcg(docs, ["d1", "d7"], 4) == (1 / math.log2(3) + 1 / 2) / (1 + 1 / math.log2(3))
+    assert average_precision(docs, ["d1", "d7", "d9"], 4) == (1 / 2 + 2 / 3) / 3
+    assert success(docs, ["d9", "d7"]) == 1.0 and success(docs, ["d9"]) == 0.0
     assert reciprocal_rank(docs, ["d9"]) == 0.0 and evidence_recall([], ["d9"]) == 0.0
     # no evidence (Null questions): the metrics do not apply
-    assert all(math.isnan(f(docs, [])) for f in (evidence_recall, all_evidence_hit, reciprocal_rank))
+    assert all(math.isnan(f(docs, [])) for f in (evidence_recall, all_evidence_hit, reciprocal_rank, success))
+    assert math.isnan(ndcg(docs, [], 4)) and math.isnan(average_precision(docs, [], 4))
 
 
 def test_answer_metrics():

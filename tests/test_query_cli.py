@@ -9,7 +9,7 @@ import pytest
 
 from qcg_gpu.answer import build_context
 from qcg_gpu.chunking import load_tokenizer
-from qcg_gpu.index_format import data_dir, load_array, load_table
+from qcg_gpu.index_format import data_dir, load_table
 from qcg_gpu.retrieval import RetrievalConfig, Retriever
 
 from .conftest import qcg
@@ -49,6 +49,32 @@ def test_query_file_with_blank_lines_and_out_file(small_index, tmp_path):
     assert [r["query_id"] for r in _records(out.read_text())] == ["1", "4"]
 
 
+def test_trec_runs_of_documents_and_chunks(small_index, tmp_path):
+    path = tmp_path / "q.txt"
+    path.write_text("Who is Adam?\nWhere does Li Hua live?\n")
+    args = ["--queries", path, "--gamma", "1.0", "--top-k", "5"]
+    records = _records(qcg("query", small_index, *args).stdout)
+    documents = [line.split() for line in qcg("query", small_index, *args, "--format", "trec").stdout.splitlines()]
+    chunks = [line.split() for line in qcg("query", small_index, *args, "--format", "trec-chunks").stdout.splitlines()]
+    positions = load_table(small_index, "chunks").column("chunk_index").to_pylist()
+    expected_chunks, expected_documents = [], []
+    for record in records:
+        ranked = record["chunks"]
+        expected_chunks += [
+            [record["query_id"], "Q0", f"{c['doc_id']}#{positions[c['chunk_id']]}", str(rank), c["score"]]
+            for rank, c in enumerate(ranked, 1)
+        ]
+        best = list(dict.fromkeys(c["doc_id"] for c in ranked))  # each document at its best chunk
+        scores = {c["doc_id"]: c["score"] for c in reversed(ranked)}
+        expected_documents += [[record["query_id"], "Q0", d, str(rank), scores[d]] for rank, d in enumerate(best, 1)]
+    for lines, expected in ((chunks, expected_chunks), (documents, expected_documents)):
+        assert [line[:4] for line in lines] == [e[:4] for e in expected]
+        assert np.allclose([float(line[4]) for line in lines], [e[4] for e in expected], atol=1e-6, rtol=0)
+    assert len(documents) < len(chunks) and all(line[5] == "qcg" for line in documents)
+    refused = qcg("query", small_index, *args, "--format", "trec", "--trace")
+    assert refused.returncode == 2 and "--trace needs --format jsonl" in refused.stderr
+
+
 def test_bring_your_own_embeddings(small_index, tmp_path, embedder):
     vectors = embedder.encode(["Who is Adam?", "lunch with Wolfgang"]) * 3.0  # not normalised: qcg normalises
     np.save(tmp_path / "q.npy", vectors)
@@ -66,14 +92,34 @@ def test_bring_your_own_embeddings(small_index, tmp_path, embedder):
     assert bad.returncode == 2 and "shape (B, 384)" in bad.stderr
 
 
-def test_naive_baseline_is_top_k_by_chunk_cosine(small_index, embedder):
-    result = qcg("query", small_index, "--query", "Who is Adam?", "--method", "naive", "--top-k", "3")
-    [record] = _records(result.stdout)
-    sims = np.asarray(load_array(small_index, "chunk_embeddings")) @ embedder.encode(["Who is Adam?"])[0]
-    assert [c["chunk_id"] for c in record["chunks"]] == np.argsort(-sims, kind="stable")[:3].tolist()
-    for method in ("d2q", "d2q-minus"):
-        other = qcg("query", small_index, "--query", "Who is Adam?", "--method", method, "--top-k", "3")
-        assert other.returncode == 0 and len(_records(other.stdout)[0]["chunks"]) == 3
+def _cli_ranking(index, method: str, question: str) -> list[int]:
+    result = qcg("query", index, "--query", question, "--method", method, "--top-k", "5")
+    assert result.returncode == 0, result.stderr[-2000:]
+    return [c["chunk_id"] for c in _records(result.stdout)[0]["chunks"]]
+
+
+def test_baselines_rank_chunks_by_their_expanded_text(small_index, embedder):
+    # METHOD.md, Baselines: naive ranks the chunk texts, D2Q each chunk followed by all its generated
+    # questions, D2Q-- by its kept ones; each ranking computed here from the index's own tables
+    chunks = load_table(small_index, "chunks").column("text").to_pylist()
+    pairs = load_table(small_index, "pairs").to_pylist()
+    expanded = {
+        "naive": chunks,
+        "d2q": [t + "\n" + "\n".join(p["question"] for p in pairs if p["chunk_id"] == c) for c, t in enumerate(chunks)],
+        "d2q-minus": [
+            t + "\n" + "\n".join(p["question"] for p in pairs if p["chunk_id"] == c and p["kept"])
+            for c, t in enumerate(chunks)
+        ],
+    }
+    assert expanded["d2q"] != expanded["d2q-minus"]  # some pairs were dropped by the alpha filter
+    rankings: dict[str, list[list[int]]] = {}
+    questions = ["Who is Adam?", "lunch with Wolfgang", "When does Li Hua move in?"]
+    for method, texts in expanded.items():
+        sims = embedder.encode(questions) @ embedder.encode(texts).T
+        expected = [np.argsort(-row, kind="stable")[:5].tolist() for row in sims]
+        rankings[method] = [_cli_ranking(small_index, method, q) for q in questions]
+        assert rankings[method] == expected, method
+    assert rankings["d2q"] != rankings["naive"] and rankings["d2q-minus"] != rankings["naive"]
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """``qcg query`` (retrieve the top-K chunks of a batch of queries) and ``qcg answer`` (then answer
-each with an LLM); one JSON line per query."""
+each with an LLM); one JSON line per query, or (query) a TREC run file."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from contextlib import nullcontext
 
 from ..config import AnswerConfig
 from ..errors import QCGError
+from ..runfiles import run_lines
 from .options import (
     NO_VERIFY_HELP,
     add_llm_options,
@@ -29,6 +30,13 @@ def add_parser(commands) -> None:
         description="Retrieve chunks for queries; one JSON line per query.",
     )
     _add_query_arguments(query)
+    query.add_argument(
+        "--format",
+        default="jsonl",
+        choices=("jsonl", "trec", "trec-chunks"),
+        help="jsonl: one JSON line per query; trec: a TREC run of documents (each at its best chunk's rank and "
+        "score); trec-chunks: a TREC run of chunks, docno DOC_ID#CHUNK_INDEX (default: jsonl)",
+    )
     query.set_defaults(run=run, answers=False)
 
     answer = commands.add_parser(
@@ -39,7 +47,7 @@ def add_parser(commands) -> None:
     _add_query_arguments(answer)
     add_options(answer, AnswerConfig(), "answer options")
     add_llm_options(answer)
-    answer.set_defaults(run=run, answers=True)
+    answer.set_defaults(run=run, answers=True, format="jsonl")
 
 
 def _add_query_arguments(parser) -> None:
@@ -76,6 +84,8 @@ def run(args) -> int:
     config = retrieval_config(args)
     if args.ray and not args.answers and args.method != "qcg":
         raise QCGError(f"--ray runs QCG retrieval and answering; --method {args.method} retrieves in this process")
+    if args.format != "jsonl" and args.trace:
+        raise QCGError(f"--trace needs --format jsonl (a {args.format} run has no room for it)")
     if args.answers and args.embeddings:
         raise QCGError("qcg answer needs query texts (--query or --queries), not --embeddings")
     index = QCGIndex.load(args.index, verify=not args.no_verify)
@@ -99,6 +109,9 @@ def run(args) -> int:
     if args.answers:
         query.add_answers(records, texts or [], index, llm, fill(AnswerConfig(), args).validate())
     with open(args.out, "w") if args.out else nullcontext(sys.stdout) as out:
-        for record in records:
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        if args.format == "jsonl":
+            out.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+        else:
+            for record, ranking in zip(records, query.trec_rankings(index, result, args.format == "trec-chunks")):
+                out.writelines(run_lines(record["query_id"], ranking, args.method))
     return 0
