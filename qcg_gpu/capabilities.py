@@ -67,15 +67,47 @@ def faiss_gpus() -> int:
 
 
 @functools.cache
+def _cpuinfo() -> tuple[str, frozenset[str]]:
+    """(model name, flags) of this machine's CPU from /proc/cpuinfo (empty where there is none)."""
+    name, flags = "", frozenset[str]()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not name:
+                    name = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = frozenset(value.split())
+    except OSError:
+        pass
+    return name, flags
+
+
 def cpu_has_fast_bf16() -> bool:
     """True when the CPU multiplies bf16 in hardware (AMX or AVX512-BF16): bf16 GEMMs then run
     several times faster than float32 (elsewhere they are emulated and slower)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return False
+    flags = _cpuinfo()[1]
     return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def cpu_kind() -> str:
+    """The CPU as benchmarks name it: model, cores and the matrix extensions that decide their speed."""
+    import os
+    import platform
+
+    name, flags = _cpuinfo()
+    extensions = [label for flag, label in CPU_EXTENSIONS if flag in flags] or ["no AVX2"]
+    return f"{name or platform.processor() or platform.machine()}, {os.cpu_count()} cores, {' '.join(extensions)}"
+
+
+CPU_EXTENSIONS = [  # (flag, label), fastest first
+    ("amx_bf16", "AMX-BF16"),
+    ("avx512_bf16", "AVX512-BF16"),
+    ("avx512_vnni", "AVX512-VNNI"),
+    ("avx512f", "AVX512F"),
+    ("avx_vnni", "AVX-VNNI"),
+    ("avx2", "AVX2"),
+]
 
 
 def default_device() -> str:
