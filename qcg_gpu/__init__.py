@@ -1,6 +1,14 @@
 """qcg-gpu: a GPU-accelerated batch engine for Query-Centric Graph RAG."""
 
-from .config import ChunkingConfig, GenerationConfig, GraphConfig, IndexConfig, NodeConfig
+from .config import (
+    AnswerConfig,
+    ChunkingConfig,
+    GenerationConfig,
+    GraphConfig,
+    IndexConfig,
+    NodeConfig,
+    RetrievalConfig,
+)
 from .errors import QCGError
 
 __version__ = "0.1.0"
@@ -13,4 +21,24 @@ def build_index(*args, **kwargs):
     return _build_index(*args, **kwargs)
 
 
-__all__ = ["build_index", "IndexConfig", "ChunkingConfig", "GenerationConfig", "NodeConfig", "GraphConfig", "QCGError"]
+def __getattr__(name: str):
+    if name in ("QCGRag", "QuerySolution"):  # the facade (qcg_gpu/api.py), imported when used
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'qcg_gpu' has no attribute {name!r}")
+
+
+__all__ = [
+    "build_index",
+    "QCGRag",
+    "QuerySolution",
+    "IndexConfig",
+    "ChunkingConfig",
+    "GenerationConfig",
+    "NodeConfig",
+    "GraphConfig",
+    "RetrievalConfig",
+    "AnswerConfig",
+    "QCGError",
+]

@@ -110,6 +110,11 @@ def token_f1(prediction: str, gold: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+def best_over(metric, prediction: str, golds: list[str]) -> float:
+    """A metric against several gold answers: the best of them (NaN when there is none)."""
+    return max((metric(prediction, gold) for gold in golds), default=float("nan"))
+
+
 # What an answer declines on: the sources ("the excerpts do not mention ..."), never a person or a
 # thing in them ("Adam does not mention any pets" and "an unknown number" are answers).
 _SOURCE = (

@@ -1,0 +1,72 @@
+"""The Python facade (qcg_gpu/api.py) on a real index, and the README's example of it."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from qcg_gpu import QCGError, QCGRag, RetrievalConfig
+from qcg_gpu.index_format import load_table
+from qcg_gpu.metrics import evidence_recall, reciprocal_rank, token_f1
+from qcg_gpu.retrieval import QCGIndex, search
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.llm
+
+QUESTIONS = ["When will Li Hua have lunch with Wolfgang?", "When can Li Hua come by Adam's house?"]
+
+
+@pytest.fixture
+def rag(small_index, vllm_backend):
+    return QCGRag(small_index, RetrievalConfig(gamma=1.0), llm=vllm_backend)
+
+
+@pytest.mark.parametrize("method", ["qcg", "naive"])
+def test_retrieve_ranks_like_search(small_index, vllm_backend, embedder, method):
+    rag = QCGRag(small_index, RetrievalConfig(gamma=1.0), method=method, llm=vllm_backend)
+    solutions = rag.retrieve(QUESTIONS, top_k=3)
+    index = QCGIndex.load(small_index)
+    result = search(index, embedder.encode(QUESTIONS), RetrievalConfig(gamma=1.0, top_k=3), method, embedder)
+    chunks = load_table(small_index, "chunks").to_pylist()
+    for solution, row, scores in zip(solutions, result.chunk_ids, result.scores):
+        assert solution.chunk_ids == [c for c in row.tolist() if c >= 0] and 0 < len(solution.chunk_ids) <= 3
+        assert solution.doc_ids == [chunks[c]["doc_id"] for c in solution.chunk_ids]
+        assert solution.texts == [chunks[c]["text"] for c in solution.chunk_ids]
+        assert np.allclose(solution.scores, scores[: len(solution.chunk_ids)])
+    assert rag.retrieve([]) == []
+    for bad in ("one string", ["ok", "  "], [3]):
+        with pytest.raises(QCGError, match="non-empty strings"):
+            rag.retrieve(bad)
+
+
+def test_rag_qa_answers_and_scores(rag):
+    solutions, scores = rag.rag_qa(QUESTIONS)
+    assert scores == {} and all(s.answer for s in solutions)
+    answers = [s.answer for s in solutions]
+    gold_docs = [["20260105_1100"], ["20260105_1400", "20260106_0900"]]
+    # the answers are greedy: asked again, the model says the same, so a gold list holding it scores EM 1
+    again, scores = rag.rag_qa(solutions, gold_docs=gold_docs, gold_answers=[["no such answer", answers[0]], "8"])
+    assert [s.answer for s in again] == answers
+    assert scores["em"] == 0.5 and scores["f1"] == pytest.approx((1 + token_f1(answers[1], "8")) / 2)
+    assert scores["R@5"] == pytest.approx(
+        np.mean([evidence_recall(s.doc_ids, g) for s, g in zip(solutions, gold_docs)])
+    )
+    assert scores["RR@5"] == pytest.approx(
+        np.mean([reciprocal_rank(s.doc_ids, g) for s, g in zip(solutions, gold_docs)])
+    )
+    with pytest.raises(QCGError, match="gold_docs has 1 entries for 2 questions"):
+        rag.rag_qa(QUESTIONS, gold_docs=[["x"]])
+
+
+def test_the_readme_example_runs(small_index, vllm_backend, monkeypatch, capsys):
+    readme = (REPO / "README.md").read_text()
+    [example] = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "QCGRag(" in b]
+    monkeypatch.setattr("qcg_gpu.llm.make_backend", lambda config: vllm_backend)  # the session's engine
+    code = example.replace('"index/"', repr(str(small_index))).replace("week1/", "")  # the small index's doc ids
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("['") and "_" in printed[0]  # document ids, then scores and a text
+    assert "'R@5': " in printed[-1] and "'em': " in printed[-1] and "'f1': " in printed[-1]
