@@ -12,6 +12,7 @@ cache key may ignore (a test checks the key against it). Defaults follow ../shar
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from dataclasses import dataclass, field
 
@@ -101,8 +102,42 @@ class GenerationConfig:
     gpu_memory_utilization: float = option(
         0.9, "vLLM: share of GPU memory the engine may use (GPU only).", runtime=True
     )
-    enforce_eager: bool = option(
-        True, "vLLM: skip graph capture/compilation (fast start; compiled mode gains ~8%% on CPU).", runtime=True
+    enforce_eager: bool | None = option(
+        None,
+        "vLLM: skip CUDA graphs / compilation (default: off on GPUs, where graphs speed decoding up; on on CPU, "
+        "where they start slowly for ~8%% more speed).",
+        runtime=True,
+    )
+    tensor_parallel_size: int = option(
+        1, "vLLM: GPUs one engine's layers are split over (tensor parallel).", runtime=True
+    )
+    pipeline_parallel_size: int = option(1, "vLLM: pipeline stages of one engine (GPUs or nodes).", runtime=True)
+    dtype: str = option(
+        "auto", "vLLM: weight and activation dtype (auto: the model's).", ("auto", "bfloat16", "float16", "float32")
+    )
+    quantization: str | None = option(
+        None, "vLLM: weight quantization method, e.g. awq, gptq, fp8 (default: none, or the checkpoint's own)."
+    )
+    kv_cache_dtype: str = option(
+        "auto", "vLLM: KV cache dtype (fp8 halves its memory).", ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+    )
+    max_num_seqs: int | None = option(None, "vLLM: most requests in one engine step (default: vLLM's).", runtime=True)
+    max_num_batched_tokens: int | None = option(
+        None,
+        "vLLM: most tokens in one engine step (default: vLLM's; on CPU at least the context length).",
+        runtime=True,
+    )
+    prefix_caching: bool = option(
+        True,
+        "vLLM: reuse the KV cache of shared prompt prefixes (every Doc2Query prompt starts with the same system "
+        "prompt).",
+        runtime=True,
+    )
+    engine_args: str | None = option(
+        None,
+        "vLLM: any other engine argument, as a JSON object, e.g. '{\"swap_space\": 8}' (arguments with an option "
+        "of their own are refused here).",
+        runtime=True,
     )
     batch_chunks: int = option(
         2048,
@@ -158,7 +193,39 @@ class GenerationConfig:
             raise QCGError("--compact-json needs --backend vllm (an OpenAI-compatible server has no such option)")
         if self.backend == "openai" and not self.model:
             raise QCGError("--backend openai needs --model (the served model's name)")
+        for name in ("tensor_parallel_size", "pipeline_parallel_size", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise QCGError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise QCGError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        for f in dataclasses.fields(self):
+            if f.metadata.get("choices") and getattr(self, f.name) not in f.metadata["choices"]:
+                raise QCGError(
+                    f"{f.name} must be one of {', '.join(f.metadata['choices'])}, got {getattr(self, f.name)!r}"
+                )
+        self.extra_engine_args()
         return self
+
+    def extra_engine_args(self) -> dict:
+        """--engine-args as a dict (QCGError when it is not a JSON object or repeats an option)."""
+        if not self.engine_args:
+            return {}
+        try:
+            extra = json.loads(self.engine_args)
+        except json.JSONDecodeError as exc:
+            raise QCGError(f"--engine-args is not valid JSON: {exc.msg} at character {exc.pos}") from exc
+        if not isinstance(extra, dict):
+            raise QCGError(f"--engine-args must be a JSON object of engine arguments, got {self.engine_args!r}")
+        own = {f.name for f in dataclasses.fields(self)} | {"model", "enable_prefix_caching", "seed"}
+        if clash := sorted(own & set(extra)):
+            raise QCGError(f"--engine-args repeats {', '.join(clash)}: use the option of its own instead")
+        return extra
+
+    def reply_engine_settings(self) -> dict:
+        """The engine settings that change replies (numerics), where not left to the model: they enter the
+        generation cache key (only when set, so keys made before they existed stay valid)."""
+        settings = {"dtype": self.dtype, "quantization": self.quantization, "kv_cache_dtype": self.kv_cache_dtype}
+        return {k: v for k, v in settings.items() if v not in (None, "auto")}
 
 
 @dataclass

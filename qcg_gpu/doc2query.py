@@ -95,6 +95,7 @@ def cache_key(text: str, model_name: str, config: GenerationConfig) -> str:
         "m": config.m,
         # compact_json enters the key only when on, so keys made before it existed stay valid
         "sampling": {k: v for k, v in sampling_spec(config).__dict__.items() if k != "compact_json" or v},
+        **({"engine": engine} if (engine := config.reply_engine_settings()) else {}),
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 

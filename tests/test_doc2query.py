@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -126,3 +127,45 @@ def test_compact_json_needs_vllm():
     config = GenerationConfig(backend="openai", base_url="http://127.0.0.1:1/v1", model="m", compact_json=True)
     with pytest.raises(QCGError, match="--compact-json needs --backend vllm"):
         config.validate()
+
+
+def test_engine_settings_pass_through_to_vllm(tmp_path):
+    from qcg_gpu.capabilities import with_cuda
+    from qcg_gpu.llm import CPU_MAX_MODEL_LEN, engine_settings
+
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 32768}')
+    config = GenerationConfig(
+        quantization="awq",
+        kv_cache_dtype="fp8",
+        max_num_seqs=64,
+        max_num_batched_tokens=16384,
+        engine_args='{"swap_space": 8, "block_size": 32}',
+    ).validate()
+    kwargs = engine_settings(config, str(tmp_path))
+    assert kwargs["quantization"] == "awq" and kwargs["kv_cache_dtype"] == "fp8" and kwargs["max_num_seqs"] == 64
+    assert kwargs["swap_space"] == 8 and kwargs["block_size"] == 32 and kwargs["enable_prefix_caching"] is True
+    assert kwargs["enforce_eager"] is not with_cuda()  # CUDA graphs on GPUs, eager on CPU unless asked
+    if not with_cuda():  # whole prefills: the context capped, every step able to hold a whole prompt
+        assert kwargs["max_model_len"] == CPU_MAX_MODEL_LEN and kwargs["max_num_batched_tokens"] == 16384
+        assert kwargs["enable_chunked_prefill"] is False and kwargs["distributed_executor_backend"] == "uni"
+    assert engine_settings(GenerationConfig(enforce_eager=False), str(tmp_path))["enforce_eager"] is False
+    # replies change with the numerics: those settings enter the cache key, the others do not
+    key = cache_key("text", "model", GenerationConfig())
+    assert cache_key("text", "model", GenerationConfig(kv_cache_dtype="fp8")) != key
+    assert cache_key("text", "model", GenerationConfig(max_num_seqs=8, tensor_parallel_size=2)) == key
+
+
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        ({"engine_args": "{bad"}, "--engine-args is not valid JSON"),
+        ({"engine_args": "[1]"}, "must be a JSON object"),
+        ({"engine_args": '{"dtype": "half"}'}, "--engine-args repeats dtype: use the option of its own"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size must be >= 1"),
+        ({"dtype": "fp4"}, "dtype must be one of auto, bfloat16"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in (0, 1]"),
+    ],
+)
+def test_bad_engine_settings_fail_before_a_model_loads(options, message):
+    with pytest.raises(QCGError, match=re.escape(message)):
+        GenerationConfig(**options).validate()

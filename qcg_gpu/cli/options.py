@@ -22,6 +22,15 @@ LLM_OPTIONS = (
     "max_model_len",
     "enforce_eager",
     "gpu_memory_utilization",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "dtype",
+    "quantization",
+    "kv_cache_dtype",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "prefix_caching",
+    "engine_args",
 )
 RETRIEVAL_PREFIX = "retrieval_"
 NO_VERIFY_HELP = "skip checking the index files against their checksums when loading (saves a few seconds per GB)"
@@ -38,7 +47,7 @@ def add_options(parser, section, title: str, only=None, prefix: str = "", unset_
             continue
         flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
         kind = hints[f.name]
-        if kind is bool:
+        if kind is bool or set(typing.get_args(kind)) == {bool, type(None)}:  # bool, bool | None
             group.add_argument(
                 flag,
                 dest=prefix + f.name,
