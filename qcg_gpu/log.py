@@ -1,6 +1,7 @@
 """Progress and messages through ``logging``: at INFO (the default) the "qcg_gpu" logger prints
 each stage as it starts and long work shows tqdm bars; at WARNING (``qcg ... --quiet``, or
-``logging.getLogger("qcg_gpu").setLevel(logging.WARNING)`` in Python) both stay silent."""
+``logging.getLogger("qcg_gpu").setLevel(logging.WARNING)`` in Python) both stay silent. The
+LLM engine's own log (hundreds of vLLM INFO lines per start) shows only at DEBUG (``--verbose``)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,13 @@ def progress_bar(iterable=None, disable: bool = False, **kwargs):
 def quiet(yes: bool = True) -> None:
     """Silence progress and messages (WARNING), or bring them back (INFO)."""
     logger.setLevel(logging.WARNING if yes else logging.INFO)
+
+
+def set_verbosity(quiet: bool = False, verbose: bool = False) -> None:
+    """The CLI's --quiet (WARNING) and --verbose (DEBUG: vLLM's log too); INFO otherwise."""
+    logger.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
+
+
+def engine_log_level() -> str:
+    """The level vLLM logs at: its INFO lines at --verbose only, else errors alone."""
+    return "INFO" if logger.isEnabledFor(logging.DEBUG) else "ERROR"

@@ -105,8 +105,9 @@ def test_kill_during_generation_loses_at_most_the_batch_in_flight(tmp_path):
     # and so does an uninterrupted run with a fresh cache: each request's seed comes from the run's
     # seed and its chunk, not from where the engine's generator stood (issue 15)
     fresh = ("--m", "4", "--batch-chunks", "1", "--cache", tmp_path / "fresh.sqlite", "--device", "cpu")
-    uninterrupted = qcg("index", docs, tmp_path / "uninterrupted", *fresh, "--quiet")
+    uninterrupted = qcg("index", docs, tmp_path / "uninterrupted", *fresh, "--verbose")
     assert "6 chunks generated, 0 from cache" in uninterrupted.stdout
+    assert " INFO " in uninterrupted.stderr and " INFO " not in rerun.stderr  # vLLM's own log: --verbose only
     assert load_table(tmp_path / "uninterrupted", "pairs").equals(load_table(index, "pairs"))
 
 

@@ -20,7 +20,7 @@ import argparse
 import sys
 
 from ..errors import QCGError
-from ..log import quiet
+from ..log import set_verbosity
 from . import check, corpus, evaluate, index, models, query
 
 SUBCOMMANDS = (index, query, evaluate, check, models, corpus)
@@ -36,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(index.current_spelling(list(sys.argv[1:] if argv is None else argv)))
-    quiet(getattr(args, "quiet", False))  # progress bars and stage messages go through the qcg_gpu logger
+    # progress bars and stage messages go through the qcg_gpu logger; vLLM's own log only with --verbose
+    set_verbosity(quiet=getattr(args, "quiet", False), verbose=getattr(args, "verbose", False))
     try:
         return args.run(args)
     except QCGError as exc:

@@ -12,6 +12,7 @@ from .options import (
     NO_VERIFY_HELP,
     add_llm_options,
     add_options,
+    add_output_options,
     add_ray_options,
     add_retrieval_options,
     answering_llm,
@@ -48,7 +49,7 @@ def add_parser(commands) -> None:
     evaluate.add_argument(
         "--embed-device", default=None, help="torch device of the question embedder (default: cuda when present)"
     )
-    evaluate.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_output_options(evaluate)
     evaluate.add_argument("--no-verify", action="store_true", help=NO_VERIFY_HELP)
     add_options(evaluate, EvalConfig(), "evaluation options")
     add_retrieval_options(evaluate, "the paper's retrieval settings (default: the dataset's own, when it has one)")

@@ -12,7 +12,7 @@ import os
 
 from ..config import IndexConfig
 from ..errors import QCGError
-from .options import add_options, add_ray_options, fill, ray_cluster
+from .options import add_options, add_output_options, add_ray_options, fill, ray_cluster
 
 ACTIONS = ("build", "add", "remove", "plan")
 INPUT_HELP = (
@@ -73,7 +73,7 @@ def add_parser(commands) -> None:
     remove = actions.add_parser("remove", help="remove documents from an index")
     remove.add_argument("index", help="the index to remove from")
     remove.add_argument("doc_ids", nargs="+", metavar="DOC_ID", help="documents to remove")
-    remove.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_output_options(remove)
     remove.set_defaults(run=run_remove)
 
     plan = actions.add_parser(
@@ -89,7 +89,7 @@ def add_parser(commands) -> None:
 
 
 def _add_build_options(parser, ray: bool = True) -> None:
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_output_options(parser)
     defaults = IndexConfig()
     for (
         name

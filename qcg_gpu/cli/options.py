@@ -76,6 +76,11 @@ def fill(section, args: argparse.Namespace, prefix: str = ""):
     return section
 
 
+def add_output_options(parser) -> None:
+    parser.add_argument("--quiet", action="store_true", help="no progress bars or stage messages")
+    parser.add_argument("--verbose", action="store_true", help="also show the LLM engine's own log (vLLM's INFO lines)")
+
+
 def add_retrieval_options(parser, preset_help: str) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), help=preset_help)
     add_options(parser, RetrievalConfig(), "retrieval options", prefix=RETRIEVAL_PREFIX, unset_default=True)

@@ -14,6 +14,7 @@ from .options import (
     NO_VERIFY_HELP,
     add_llm_options,
     add_options,
+    add_output_options,
     add_ray_options,
     add_retrieval_options,
     answering_llm,
@@ -70,7 +71,7 @@ def _add_query_arguments(parser) -> None:
         "--embed-device", default=None, help="torch device of the query embedder (default: cuda when present)"
     )
     parser.add_argument("--no-verify", action="store_true", help=NO_VERIFY_HELP)
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_output_options(parser)
     add_retrieval_options(parser, "the paper's retrieval settings for a dataset (explicit options still win)")
     add_ray_options(parser)
 
