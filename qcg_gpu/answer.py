@@ -4,7 +4,7 @@ the context capped at ``max_context_tokens``; all questions in one batched call.
 from __future__ import annotations
 
 from .chunking import load_tokenizer
-from .config import AnswerConfig
+from .config import AnswerConfig, prompt_text
 from .llm import Completion, LLMBackend, SamplingSpec
 
 ABSTAIN = "Insufficient information"
@@ -31,9 +31,9 @@ def build_context(chunk_texts: list[str], max_tokens: int, tokenizer_name: str =
     return "\n\n".join(parts)
 
 
-def build_answer_conversation(question: str, context: str) -> list[dict]:
+def build_answer_conversation(question: str, context: str, system: str = ANSWER_SYSTEM_PROMPT) -> list[dict]:
     return [
-        {"role": "system", "content": ANSWER_SYSTEM_PROMPT},
+        {"role": "system", "content": system},
         {"role": "user", "content": f"Document excerpts:\n{context or '(none)'}\n\nQuestion: {question}"},
     ]
 
@@ -44,8 +44,13 @@ def answer_questions(
     sampling = SamplingSpec(
         temperature=config.answer_temperature, top_p=1.0, max_tokens=config.max_answer_tokens, seed=0
     )
-    conversations = [build_answer_conversation(q, c) for q, c in zip(questions, contexts)]
-    return llm.chat(conversations, sampling)
+    return llm.chat(answer_conversations(questions, contexts, config), sampling)
+
+
+def answer_conversations(questions: list[str], contexts: list[str], config: AnswerConfig) -> list[list[dict]]:
+    """One chat per question: the system prompt (--answer-prompt-file's text, else ours), the excerpts, the question."""
+    system = prompt_text(config.answer_prompt_file) if config.answer_prompt_file else ANSWER_SYSTEM_PROMPT
+    return [build_answer_conversation(q, c, system) for q, c in zip(questions, contexts)]
 
 
 def answer_from_chunks(

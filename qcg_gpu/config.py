@@ -75,6 +75,11 @@ class GenerationConfig:
         "are about).",
         ("basic", "self-contained"),
     )
+    prompt_file: str | None = option(
+        None,
+        "A UTF-8 text file holding the Doc2Query system prompt (another language, a domain's vocabulary); replaces "
+        "--prompt, and its text enters the generation cache key.",
+    )
     temperature: float = option(0.3, "Sampling temperature of the Doc2Query LLM.")
     top_p: float = option(0.95, "Nucleus sampling of the Doc2Query LLM.")
     repetition_penalty: float = option(
@@ -187,6 +192,8 @@ class GenerationConfig:
             raise QCGError(f"m must be >= 1, got {self.m}")
         if self.replies_in and not os.path.isfile(self.replies_in):
             raise QCGError(f"stored replies file not found: {self.replies_in}")
+        if self.prompt_file:
+            prompt_text(self.prompt_file)  # readable and not empty
         if self.backend == "openai" and not self.base_url:
             raise QCGError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
         if self.backend == "openai" and self.compact_json:
@@ -368,6 +375,11 @@ class AnswerConfig:
     )
     max_answer_tokens: int = option(256, "Longest answer, in LLM tokens.")
     answer_temperature: float = option(0.0, "Sampling temperature of the answering LLM (0 = greedy).")
+    answer_prompt_file: str | None = option(
+        None,
+        "A UTF-8 text file holding the answering system prompt (another language, a domain); keep its instruction "
+        "to reply 'Insufficient information' when the excerpts do not say, or abstentions go unrecognised.",
+    )
 
     def validate(self) -> AnswerConfig:
         if self.max_context_tokens < 1 or self.max_answer_tokens < 1:
@@ -377,6 +389,8 @@ class AnswerConfig:
             )
         if self.answer_temperature < 0:
             raise QCGError(f"answer_temperature must be >= 0, got {self.answer_temperature}")
+        if self.answer_prompt_file:
+            prompt_text(self.answer_prompt_file)
         return self
 
 
@@ -438,6 +452,18 @@ class EvalConfig:
         return chosen
 
 
+def prompt_text(path: str) -> str:
+    """The system prompt held in a --prompt-file / --answer-prompt-file."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise QCGError(f"cannot read prompt file {path}: {exc}") from exc
+    if not text:
+        raise QCGError(f"prompt file {path} is empty")
+    return text
+
+
 def _names(text: str, allowed, what: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in allowed]
@@ -471,3 +497,94 @@ class RayConfig:
         if not self.ray and (self.ray_address != "local" or self.ray_workers is not None):
             raise QCGError("--ray-address and --ray-workers apply only with --ray")
         return self
+
+
+# --- config files ---------------------------------------------------------------------------
+# One TOML (or YAML) file with a table per section, the same fields as the CLI options:
+#   [generation]
+#   model = "qwen2.5-coder-1.5b"
+# `qcg --config FILE ...` reads it (options given on the command line win); `qcg init` writes one.
+
+CONFIG_SECTIONS = {
+    "chunking": ChunkingConfig,
+    "generation": GenerationConfig,
+    "nodes": NodeConfig,
+    "graph": GraphConfig,
+    "retrieval": RetrievalConfig,
+    "answer": AnswerConfig,
+    "eval": EvalConfig,
+    "ray": RayConfig,
+}
+
+
+def read_config_file(path: str | os.PathLike) -> dict[str, dict]:
+    """{section: {field: value}} from a TOML or YAML file, every name and type checked."""
+    from pathlib import Path
+
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise QCGError(f"cannot read config file {path}: {exc.strerror}") from exc
+    try:
+        if path.suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            raise QCGError(f"config file {path}: name it .toml, .yaml or .yml")
+    except QCGError:
+        raise
+    except Exception as exc:  # tomllib.TOMLDecodeError, yaml.YAMLError: the parser's own message
+        raise QCGError(f"config file {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise QCGError(f"config file {path}: expected a table per section ({', '.join(CONFIG_SECTIONS)})")
+    for name, values in data.items():
+        if name not in CONFIG_SECTIONS:
+            raise QCGError(f"config file {path}: unknown section [{name}] (choose from {', '.join(CONFIG_SECTIONS)})")
+        if not isinstance(values, dict):
+            raise QCGError(f"config file {path}: [{name}] must be a table of options")
+        fields = {f.name: f for f in dataclasses.fields(CONFIG_SECTIONS[name])}
+        for key, value in values.items():
+            if key not in fields:
+                raise QCGError(f"config file {path}: unknown option {name}.{key}")
+            if not _fits(value, str(fields[key].type)):
+                raise QCGError(f"config file {path}: {name}.{key} = {value!r}, expected {fields[key].type}")
+    return data
+
+
+def _fits(value, annotation: str) -> bool:
+    """Whether a value read from a file fits a field annotated ``annotation`` (e.g. "int | None")."""
+    names = {part.strip() for part in annotation.split("|")}
+    if isinstance(value, bool):
+        return "bool" in names
+    if isinstance(value, int):
+        return bool(names & {"int", "float"})
+    if isinstance(value, float):
+        return "float" in names
+    return isinstance(value, str) and "str" in names
+
+
+def config_file_text() -> str:
+    """A config file (TOML) with every option at its default and its help as a comment."""
+    lines = ["# qcg-gpu settings: qcg --config qcg.toml ... (options given on the command line win)."]
+    for name, section in CONFIG_SECTIONS.items():
+        lines += ["", f"[{name}]"]
+        for f in dataclasses.fields(section):
+            help_text = f.metadata["help"].replace("%%", "%")
+            lines.append(f"# {help_text}")
+            value = f.default
+            lines.append(f"# {f.name} =" if value is None else f"{f.name} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # TOML basic strings escape like JSON
+    return repr(value)

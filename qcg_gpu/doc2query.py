@@ -13,7 +13,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .config import GenerationConfig
+from .config import GenerationConfig, prompt_text
 from .llm import SamplingSpec
 
 PROMPT_VERSION = 2
@@ -48,9 +48,14 @@ def user_prompt(text: str, m: int) -> str:
     return f"Write {m} question-answer pairs about this text.\n\nText:\n{text}"
 
 
-def build_conversation(text: str, m: int, prompt: str = "basic") -> list[dict]:
-    """Chat messages for one chunk: the rules (``prompt`` names them), then the chunk."""
-    return [{"role": "system", "content": SYSTEM_PROMPTS[prompt]}, {"role": "user", "content": user_prompt(text, m)}]
+def system_prompt(config: GenerationConfig) -> str:
+    """The rules: the --prompt-file's text, else the built-in prompt --prompt names."""
+    return prompt_text(config.prompt_file) if config.prompt_file else SYSTEM_PROMPTS[config.prompt]
+
+
+def build_conversation(text: str, m: int, system: str = SYSTEM_PROMPTS["basic"]) -> list[dict]:
+    """Chat messages for one chunk: the rules (:func:`system_prompt`), then the chunk."""
+    return [{"role": "system", "content": system}, {"role": "user", "content": user_prompt(text, m)}]
 
 
 def pairs_schema(config: GenerationConfig) -> dict:
@@ -91,7 +96,7 @@ def cache_key(text: str, model_name: str, config: GenerationConfig) -> str:
     identity = {
         "text": text,
         "model": model_name,
-        "prompt": [PROMPT_VERSION, SYSTEM_PROMPTS[config.prompt], user_prompt("", config.m)],
+        "prompt": [PROMPT_VERSION, system_prompt(config), user_prompt("", config.m)],
         "m": config.m,
         # compact_json enters the key only when on, so keys made before it existed stay valid
         "sampling": {k: v for k, v in sampling_spec(config).__dict__.items() if k != "compact_json" or v},

@@ -124,7 +124,8 @@ def forecast(input_path: str | Path, config: IndexConfig) -> Forecast:
 
 def _prompt_tokens(chunks, gen) -> tuple[int, str]:
     """Prompt tokens of the Doc2Query conversations: the model's chat template when it is local."""
-    conversations = [doc2query.build_conversation(c.text, gen.m, gen.prompt) for c in chunks]
+    system = doc2query.system_prompt(gen)
+    conversations = [doc2query.build_conversation(c.text, gen.m, system) for c in chunks]
     # vllm: the model's directory; openai: a served name (no local tokenizer), or a directory
     path = resolve_model(gen.model, DEFAULT_LLM)[0] if gen.backend == "vllm" else (gen.model or "")
     if Path(path).is_dir():

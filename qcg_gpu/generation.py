@@ -105,7 +105,8 @@ def _generate_missing(
     summary: IndexSummary,
     after_batch,
 ) -> None:
-    conversations = [doc2query.build_conversation(chunks[i].text, gen.m, gen.prompt) for i in missing]
+    system = doc2query.system_prompt(gen)
+    conversations = [doc2query.build_conversation(chunks[i].text, gen.m, system) for i in missing]
     for rows, completions in llm.chat_batches(conversations, doc2query.sampling_spec(gen), gen.batch_chunks):
         fresh = {}
         for i, completion in zip((missing[r] for r in rows), completions):

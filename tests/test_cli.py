@@ -70,3 +70,76 @@ def test_quiet_silences_stage_messages_and_progress_bars(capsys):
         assert "[qcg] embed ..." in err and "texts" in err
     finally:
         quiet(False)
+
+
+CONFIG_TOML = """
+[generation]
+m = 7
+model = "qwen2.5-coder-1.5b"
+[nodes]
+alpha = 0.6
+[retrieval]
+gamma = 1.2
+top_k = 8
+[eval]
+methods = "naive,qcg"
+"""
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".yaml"])
+def test_a_config_file_sets_defaults_and_the_command_line_wins(tmp_path, suffix):
+    from qcg_gpu.cli import parse_arguments
+    from qcg_gpu.cli.index import index_config
+    from qcg_gpu.cli.options import retrieval_config
+
+    path = tmp_path / f"qcg{suffix}"
+    if suffix == ".toml":
+        path.write_text(CONFIG_TOML)
+    else:
+        import tomllib
+        import yaml
+
+        path.write_text(yaml.safe_dump(tomllib.loads(CONFIG_TOML)))
+    args = parse_arguments(["--config", str(path), "index", "build", "docs", "out", "--m", "9"])
+    config = index_config(args)
+    assert config.generation.m == 9 and config.generation.model == "qwen2.5-coder-1.5b" and config.nodes.alpha == 0.6
+    assert config.nodes.nodes == "qa"  # not in the file, not given: the default
+    args = parse_arguments(["query", "idx", "--query", "x", "--top-k", "3", f"--config={path}"])
+    retrieval = retrieval_config(args)
+    assert (retrieval.gamma, retrieval.top_k, retrieval.n) == (1.2, 3, 10)
+    args = parse_arguments(
+        ["eval", "--dataset", "lihuaworld", "--data", "d", "--index", "i", "--out", "o", "--config", str(path)]
+    )
+    assert args.methods == "naive,qcg" and args.model == "qwen2.5-coder-1.5b"  # the answering LLM's options too
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("[generation\nm = 1", "config file"),
+        ("[generator]\nm = 1", "unknown section [generator]"),
+        ("[generation]\nmm = 1", "unknown option generation.mm"),
+        ('[generation]\nm = "many"', "generation.m = 'many', expected int"),
+        ("[nodes]\nalpha = true", "nodes.alpha = True, expected float"),
+    ],
+)
+def test_bad_config_files_are_refused_in_one_line(tmp_path, capsys, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    assert main(["--config", str(path), "index", "build", "docs", "out"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_init_writes_every_default(tmp_path, capsys):
+    import dataclasses
+
+    from qcg_gpu.config import CONFIG_SECTIONS, read_config_file
+
+    path = tmp_path / "qcg.toml"
+    assert main(["init", str(path)]) == 0
+    written = read_config_file(path)
+    for name, section in CONFIG_SECTIONS.items():
+        defaults = {f.name: f.default for f in dataclasses.fields(section) if f.default is not None}
+        assert written[name] == defaults, name
+    assert main(["init", str(path)]) == 2 and "exists (--force overwrites it)" in capsys.readouterr().err

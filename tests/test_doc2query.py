@@ -91,8 +91,11 @@ def test_cache_key_depends_on_everything_that_decides_the_reply():
     assert key != cache_key("text", "model", GenerationConfig(compact_json=True))
 
 
-def _another_value(f, value):
+def _another_value(f, value, tmp_path=None):
     """A valid value of field ``f`` other than ``value``."""
+    if f.name == "prompt_file":
+        (tmp_path / "prompt.txt").write_text("Write pairs in German.")
+        return str(tmp_path / "prompt.txt")
     if f.metadata.get("choices"):
         return next(c for c in f.metadata["choices"] if c != value)
     if isinstance(value, bool):
@@ -102,7 +105,7 @@ def _another_value(f, value):
     return "other" if value is None or isinstance(value, str) else None
 
 
-def test_cache_key_follows_what_the_config_marks_as_changing_results():
+def test_cache_key_follows_what_the_config_marks_as_changing_results(tmp_path):
     """Every generation field marked as changing results changes the key; every runtime field leaves it."""
     base, results = GenerationConfig(), set(result_fields(GenerationConfig))
     key = cache_key("text", "model", base)
@@ -110,7 +113,7 @@ def test_cache_key_follows_what_the_config_marks_as_changing_results():
         if f.name == "model":  # enters the key by the name the backend reports (cache_key's model_name)
             continue
         changed = cache_key(
-            "text", "model", dataclasses.replace(base, **{f.name: _another_value(f, getattr(base, f.name))})
+            "text", "model", dataclasses.replace(base, **{f.name: _another_value(f, getattr(base, f.name), tmp_path)})
         )
         assert (changed != key) == (f.name in results), f.name
 
@@ -169,3 +172,30 @@ def test_engine_settings_pass_through_to_vllm(tmp_path):
 def test_bad_engine_settings_fail_before_a_model_loads(options, message):
     with pytest.raises(QCGError, match=re.escape(message)):
         GenerationConfig(**options).validate()
+
+
+def test_prompt_files_hold_the_system_prompts(tmp_path):
+    from qcg_gpu.answer import answer_conversations
+    from qcg_gpu.config import AnswerConfig
+    from qcg_gpu.doc2query import system_prompt
+
+    german = tmp_path / "de.txt"
+    german.write_text("Schreibe Frage-Antwort-Paare auf Deutsch. Antworte nur mit JSON.\n")
+    config = GenerationConfig(prompt_file=str(german)).validate()
+    assert system_prompt(config) == german.read_text().strip()
+    assert build_conversation("TEXT", 4, system_prompt(config))[0]["content"].startswith("Schreibe")
+    # the text enters the cache key, not the path: a copy elsewhere replays the same generation
+    copy = tmp_path / "copy.txt"
+    copy.write_text(german.read_text())
+    key = cache_key("text", "model", config)
+    assert key != cache_key("text", "model", GenerationConfig())
+    assert key == cache_key("text", "model", GenerationConfig(prompt_file=str(copy)))
+    answer_prompt = tmp_path / "answer.txt"
+    answer_prompt.write_text("Antworte kurz. Wenn die Auszüge es nicht sagen: Insufficient information.")
+    [conversation] = answer_conversations(["Wer?"], ["[1]\nText"], AnswerConfig(answer_prompt_file=str(answer_prompt)))
+    assert conversation[0]["content"] == answer_prompt.read_text() and "Wer?" in conversation[1]["content"]
+    (tmp_path / "empty.txt").write_text("  \n")
+    with pytest.raises(QCGError, match="is empty"):
+        GenerationConfig(prompt_file=str(tmp_path / "empty.txt")).validate()
+    with pytest.raises(QCGError, match="cannot read prompt file"):
+        AnswerConfig(answer_prompt_file=str(tmp_path / "missing.txt")).validate()

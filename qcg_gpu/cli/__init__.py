@@ -7,6 +7,7 @@
 ``check``      ``qcg check``
 ``models``     ``qcg models [list|install NAME]``
 ``corpus``     ``qcg corpus``
+``init``       ``qcg init``: a config file with every default (any command reads one with ``--config``)
 ``options``    options made from the config dataclasses, shared by the subcommands
 =============  ===================================================================
 
@@ -21,13 +22,17 @@ import sys
 
 from ..errors import QCGError
 from ..log import set_verbosity
-from . import check, corpus, evaluate, index, models, query
+from . import check, corpus, evaluate, index, init, models, query
+from .options import apply_config_file, pop_config_file
 
-SUBCOMMANDS = (index, query, evaluate, check, models, corpus)
+SUBCOMMANDS = (index, query, evaluate, check, models, corpus, init)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qcg", description="QCG-RAG batch engine")
+    parser.add_argument(
+        "--config", help="a TOML/YAML file of settings (qcg init writes one); options given here win (any position)"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     for subcommand in SUBCOMMANDS:
         subcommand.add_parser(commands)
@@ -35,11 +40,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(index.current_spelling(list(sys.argv[1:] if argv is None else argv)))
-    # progress bars and stage messages go through the qcg_gpu logger; vLLM's own log only with --verbose
-    set_verbosity(quiet=getattr(args, "quiet", False), verbose=getattr(args, "verbose", False))
     try:
+        args = parse_arguments(list(sys.argv[1:] if argv is None else argv))
+        # progress bars and stage messages go through the qcg_gpu logger; vLLM's own log only with --verbose
+        set_verbosity(quiet=getattr(args, "quiet", False), verbose=getattr(args, "verbose", False))
         return args.run(args)
     except QCGError as exc:
         print(f"qcg: error: {exc}", file=sys.stderr)
         return 2
+
+
+def parse_arguments(argv: list[str]) -> argparse.Namespace:
+    """The command line, over the settings of a --config file when one is given."""
+    config_file, argv = pop_config_file(argv)
+    parser = build_parser()
+    if config_file:
+        apply_config_file(parser, config_file)
+    return parser.parse_args(index.current_spelling(argv))

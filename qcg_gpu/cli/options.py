@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 import typing
 
-from ..config import PRESETS, GenerationConfig, RayConfig, RetrievalConfig
+from ..config import PRESETS, GenerationConfig, RayConfig, RetrievalConfig, read_config_file
 from ..errors import QCGError
 
 # the part of GenerationConfig that picks and runs an LLM (qcg answer and qcg eval reuse it)
@@ -74,6 +74,39 @@ def fill(section, args: argparse.Namespace, prefix: str = ""):
         if getattr(args, prefix + f.name, None) is not None:
             setattr(section, f.name, getattr(args, prefix + f.name))
     return section
+
+
+def pop_config_file(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(--config FILE, the other arguments): the option may stand anywhere on the command line."""
+    for i, token in enumerate(argv):
+        if token == "--config":
+            if i + 1 >= len(argv):
+                raise QCGError("--config needs a file")
+            return argv[i + 1], argv[:i] + argv[i + 2 :]
+        if token.startswith("--config="):
+            return token.split("=", 1)[1], argv[:i] + argv[i + 1 :]
+    return None, argv
+
+
+def apply_config_file(parser: argparse.ArgumentParser, path: str) -> None:
+    """The file's settings become the defaults of every (sub)command that has their option, so an
+    option given on the command line still wins."""
+    defaults = {
+        (RETRIEVAL_PREFIX if section == "retrieval" else "") + key: value
+        for section, values in read_config_file(path).items()
+        for key, value in values.items()
+    }
+    for sub in _all_parsers(parser):
+        dests = {action.dest for action in sub._actions}
+        sub.set_defaults(**{dest: value for dest, value in defaults.items() if dest in dests})
+
+
+def _all_parsers(parser: argparse.ArgumentParser):
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
+                yield from _all_parsers(sub)
 
 
 def add_output_options(parser) -> None:
