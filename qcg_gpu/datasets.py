@@ -3,7 +3,16 @@
 * ``lihuaworld``: a directory with ``docs/<folder>/<stamp>.txt`` and a questions JSON
   (``{"0": {"question", "answer", "evidence": "k1<and>k2", "type"}}``, MiniRAG's format);
 * ``multihop-rag``: a directory with ``corpus.json`` and ``MultiHopRAG.json``;
-* ``jsonl``: one ``{"question", "answer", "evidence_doc_ids", "type", "query_id"?}`` per line.
+* ``jsonl``: one ``{"question", "answer", "evidence_doc_ids", "type", "query_id"?}`` per line;
+* ``beir``: a BEIR directory: ``corpus.jsonl`` ({_id, title, text}), ``queries.jsonl`` ({_id, text})
+  and ``qrels/test.tsv`` (or dev/train; give the .tsv to choose): graded relevance > 0 is evidence;
+* ``hipporag``: HippoRAG 2's layout (2WikiMultiHopQA, MuSiQue, HotpotQA, ...): ``NAME.json``, a list
+  of questions with their gold answers (``answer``, ``answer_aliases``, ``possible_answers``) and
+  supporting passages (``supporting_facts`` + ``context``, ``paragraphs`` or ``contexts`` with
+  ``is_supporting``), beside ``NAME_corpus.json``, a list of {title, text} passages.
+
+BEIR and HippoRAG corpora are indexed as they are (``qcg index build corpus.jsonl|NAME_corpus.json
+OUT``): qcg_gpu/documents.py names their documents the way these loaders resolve evidence.
 
 Evidence is resolved to the doc ids the index builder gives the corpus, so metrics compare
 like with like. Flaws of the published data are repaired where the intent is clear and
@@ -17,9 +26,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .documents import RecordNamer, record_text
 from .errors import QCGError
 
-DATASETS = ("lihuaworld", "multihop-rag", "jsonl")
+DATASETS = ("lihuaworld", "multihop-rag", "jsonl", "beir", "hipporag")
 NULL_TYPE = "null"  # questions whose correct answer is to abstain
 UNTYPED = "untyped"  # a JSONL question that names neither its type nor its evidence
 
@@ -31,6 +41,11 @@ class Question:
     answer: str
     evidence: list[str]  # doc ids, as the index builder names the corpus's documents
     type: str  # lower case: single / multi / null (LiHuaWorld), inference / comparison / temporal / null (MultiHop-RAG)
+    aliases: list[str] = field(default_factory=list)  # other accepted answers: EM and F1 take the best
+
+    @property
+    def answers(self) -> list[str]:
+        return [self.answer, *self.aliases]
 
 
 @dataclass
@@ -41,7 +56,13 @@ class EvalSet:
 
 
 def load_dataset(name: str, path: str | Path) -> EvalSet:
-    loaders = {"lihuaworld": load_lihuaworld, "multihop-rag": load_multihop_rag, "jsonl": load_jsonl}
+    loaders = {
+        "lihuaworld": load_lihuaworld,
+        "multihop-rag": load_multihop_rag,
+        "jsonl": load_jsonl,
+        "beir": load_beir,
+        "hipporag": load_hipporag,
+    }
     if name not in loaders:
         raise QCGError(f"unknown dataset {name!r} (choose from {', '.join(DATASETS)})")
     path = Path(path)
@@ -210,6 +231,135 @@ def load_jsonl(path: Path) -> EvalSet:
     if not questions:
         raise QCGError(f"no questions in {path}")
     return EvalSet("jsonl", questions, problems)
+
+
+# --- BEIR -------------------------------------------------------------------------------
+
+
+def load_beir(path: Path) -> EvalSet:
+    """Questions of a BEIR split: those with a relevant document in its qrels."""
+    root = path.parent.parent if path.suffix == ".tsv" else path
+    qrels_file = path if path.suffix == ".tsv" else _beir_split(root)
+    texts: dict[str, tuple[str, str]] = {}  # query id -> (text, answer)
+    for lineno, record in _jsonl_records(root / "queries.jsonl"):
+        if not isinstance(record.get("text"), str) or "_id" not in record:
+            raise QCGError(f"{root / 'queries.jsonl'}:{lineno}: needs '_id' and a 'text' string")
+        answer = (record.get("metadata") or {}).get("answer", "") if isinstance(record.get("metadata"), dict) else ""
+        texts[str(record["_id"])] = (record["text"].strip(), str(answer or ""))
+    corpus_ids = {str(r["_id"]) for _, r in _jsonl_records(root / "corpus.jsonl") if "_id" in r}
+    evidence: dict[str, list[str]] = {}
+    problems: list[str] = []
+    for lineno, line in enumerate(qrels_file.read_text(encoding="utf-8").splitlines(), 1):
+        fields = line.split("\t")
+        if lineno == 1 and fields[0] == "query-id" or not line.strip():
+            continue
+        if len(fields) != 3 or not fields[2].strip().lstrip("-").isdigit():
+            raise QCGError(f"{qrels_file}:{lineno}: expected query-id<TAB>corpus-id<TAB>score")
+        qid, doc_id, score = fields[0], fields[1], int(fields[2])
+        if qid not in texts:
+            problems.append(f"{qrels_file.name}:{lineno}: query {qid!r} is not in queries.jsonl; ignored")
+        elif doc_id not in corpus_ids:
+            problems.append(f"{qrels_file.name}:{lineno}: document {doc_id!r} is not in corpus.jsonl; ignored")
+        elif score > 0 and doc_id not in evidence.setdefault(qid, []):
+            evidence[qid].append(doc_id)
+    questions = [Question(q, texts[q][0], texts[q][1], docs, UNTYPED) for q, docs in evidence.items() if docs]
+    if not questions:
+        raise QCGError(f"{qrels_file}: no query with a relevant document")
+    return EvalSet(f"beir:{root.name}/{qrels_file.stem}", questions, problems)
+
+
+def _beir_split(root: Path) -> Path:
+    for split in ("test", "dev", "train"):
+        if (root / "qrels" / f"{split}.tsv").is_file():
+            return root / "qrels" / f"{split}.tsv"
+    raise QCGError(f"{root}: no qrels/test.tsv, dev.tsv or train.tsv (a BEIR directory, or give the .tsv file)")
+
+
+def _jsonl_records(path: Path):
+    if not path.is_file():
+        raise QCGError(f"{path} not found")
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if line.strip():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise QCGError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from exc
+                if isinstance(record, dict):
+                    yield lineno, record
+
+
+# --- HippoRAG 2 layout ----------------------------------------------------------------
+
+
+def load_hipporag(path: Path) -> EvalSet:
+    """Questions of a HippoRAG-layout dataset, evidence resolved to the corpus's doc ids."""
+    questions_file = path if path.is_file() else _hipporag_questions(path)
+    corpus_file = questions_file.with_name(questions_file.stem + "_corpus.json")
+    corpus, samples = _read_json(corpus_file), _read_json(questions_file)
+    if not isinstance(corpus, list) or not isinstance(samples, list):
+        raise QCGError(f"{questions_file} and {corpus_file.name} must each hold a JSON list")
+    name = RecordNamer()
+    by_passage = {record_text(r): name(r) for r in corpus if isinstance(r, dict)}
+    problems, questions = [], []
+    for i, sample in enumerate(samples):
+        where = f"{questions_file.name}[{i}]"
+        if not isinstance(sample, dict) or not isinstance(sample.get("question"), str):
+            problems.append(f"{where}: no question string; skipped")
+            continue
+        answers = _gold_answers(sample)
+        if not answers:
+            problems.append(f"{where}: no gold answer; skipped")
+            continue
+        evidence = []
+        for spellings in _supporting_passages(sample):
+            doc_id = next((by_passage[p] for p in spellings if p in by_passage), None)
+            if doc_id is None:
+                title = spellings[0].split("\n", 1)[0]
+                problems.append(f"{where}: supporting passage {title!r} is not in the corpus; ignored")
+            elif doc_id not in evidence:
+                evidence.append(doc_id)
+        qid = str(sample.get("_id", sample.get("id", i)))
+        qtype = str(sample.get("type") or (qid.split("__")[0] if "__" in qid else "multi")).lower()
+        questions.append(Question(qid, sample["question"].strip(), answers[0], evidence, qtype, answers[1:]))
+    return EvalSet(f"hipporag:{questions_file.stem}", questions, problems)
+
+
+def _hipporag_questions(root: Path) -> Path:
+    corpora = sorted(root.glob("*_corpus.json"))
+    candidates = [c.with_name(c.name.removesuffix("_corpus.json") + ".json") for c in corpora]
+    found = [c for c in candidates if c.is_file()]
+    if len(found) != 1:
+        raise QCGError(f"{root}: expected one NAME.json beside NAME_corpus.json, found {[c.name for c in found]}")
+    return found[0]
+
+
+def _gold_answers(sample: dict) -> list[str]:
+    """answer (or gold_ans / reference / obj), then answer_aliases and possible_answers, each once."""
+    first = next((sample[k] for k in ("answer", "gold_ans", "reference", "obj") if sample.get(k) is not None), None)
+    answers = list(first) if isinstance(first, list) else [first] if first is not None else []
+    for key in ("answer_aliases", "possible_answers"):
+        more = sample.get(key) or []
+        answers += [more] if isinstance(more, str) else list(more)
+    return list(dict.fromkeys(str(a).strip() for a in answers if str(a).strip()))
+
+
+def _supporting_passages(sample: dict) -> list[tuple[str, ...]]:
+    """Each supporting passage as "title\ntext" (how the corpus's passages read), as HippoRAG finds them;
+    HotpotQA's sentences join without spaces, 2WikiMultiHopQA's with: both spellings are tried."""
+    if "supporting_facts" in sample:  # HotpotQA, 2WikiMultiHopQA: titles of [title, sentences] contexts
+        titles = {fact[0] for fact in sample["supporting_facts"]}
+        return [
+            (f"{title}\n{''.join(sentences)}", f"{title}\n{' '.join(sentences)}")
+            for title, sentences in sample.get("context", [])
+            if title in titles
+        ]
+    key = "contexts" if "contexts" in sample else "paragraphs"
+    return [
+        (f"{p['title']}\n{p.get('text', p.get('paragraph_text', ''))}",)
+        for p in sample.get(key, [])
+        if p.get("is_supporting", True)
+    ]
 
 
 def _read_json(path: Path):

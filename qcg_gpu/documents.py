@@ -1,4 +1,8 @@
-"""Reading input documents: a directory of .txt/.md files, JSONL or Parquet.
+"""Reading input documents: a directory of .txt/.md files, JSONL, a JSON list or Parquet.
+
+Records (JSONL, JSON, Parquet) hold ``doc_id`` (or BEIR's ``_id``) and ``text``, and an optional
+``title`` that is put first, on a line of its own (BEIR, HippoRAG). A record without an id is
+named by its title, repeated titles numbered ``Title (2)``, ... (HippoRAG's corpora).
 
 Documents are streamed as text pieces so that a huge file never has to sit in
 memory whole. Problems with single documents (empty, not UTF-8, binary,
@@ -13,6 +17,7 @@ import functools
 import json
 import os
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,12 +55,16 @@ def read_documents(path: str | os.PathLike, skips: SkipLog) -> Iterator[Document
         source = _read_directory(path, skips)
     elif path.suffix == ".jsonl":
         source = _read_jsonl(path, skips)
+    elif path.suffix == ".json":
+        source = _read_json_list(path, skips)
     elif path.suffix == ".parquet":
         source = _read_parquet(path, skips)
     elif path.suffix in TEXT_SUFFIXES:
         source = _read_directory_files(path.parent, [path], skips)
     else:
-        raise QCGError(f"unsupported input {path}: give a directory of .txt/.md files, a .jsonl or a .parquet file")
+        raise QCGError(
+            f"unsupported input {path}: give a directory of .txt/.md files, a .jsonl, .json (a list) or .parquet file"
+        )
     seen: set[str] = set()
     for doc in source:
         if doc.doc_id in seen:
@@ -159,7 +168,44 @@ def _record_document(doc_id, text, where: str, skips: SkipLog) -> Document | Non
     return Document(str(doc_id), functools.partial(iter, (text,)))
 
 
+def record_text(record: dict):
+    """A record's text, its title (if any) first on a line of its own: HippoRAG's passage layout."""
+    text, title = record.get("text"), record.get("title")
+    return f"{title}\n{text}" if isinstance(title, str) and title.strip() and isinstance(text, str) else text
+
+
+class RecordNamer:
+    """Each record's doc id, in input order: ``doc_id`` or ``_id``, else its title, a repeated title
+    numbered ``Title (2)``, ``Title (3)``, ..."""
+
+    def __init__(self) -> None:
+        self.titles = Counter[str]()
+
+    def __call__(self, record: dict):
+        given, title = record.get("doc_id", record.get("_id")), record.get("title")
+        if given is None and isinstance(title, str) and title.strip():
+            self.titles[title] += 1
+            given = title if self.titles[title] == 1 else f"{title} ({self.titles[title]})"
+        return given
+
+
+def _read_json_list(path: Path, skips: SkipLog) -> Iterator[Document]:
+    try:
+        records = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise QCGError(f"{path}: not a UTF-8 JSON file ({exc})") from exc
+    if not isinstance(records, list):
+        raise QCGError(f"{path}: a .json input must hold a list of {{doc_id or title, text}} records")
+    name = RecordNamer()
+    for i, record in enumerate(records):
+        if not isinstance(record, dict):
+            skips.add(f"{path.name}[{i}]", "not a JSON object")
+        elif doc := _record_document(name(record), record_text(record), f"{path.name}[{i}]", skips):
+            yield doc
+
+
 def _read_jsonl(path: Path, skips: SkipLog) -> Iterator[Document]:
+    name = RecordNamer()
     with open(path, encoding="utf-8", errors="strict") as fh:
         lineno = 0
         while True:
@@ -180,7 +226,7 @@ def _read_jsonl(path: Path, skips: SkipLog) -> Iterator[Document]:
             if not isinstance(record, dict):
                 skips.add(f"{path.name}:{lineno}", "not a JSON object")
                 continue
-            doc = _record_document(record.get("doc_id"), record.get("text"), f"{path.name}:{lineno}", skips)
+            doc = _record_document(name(record), record_text(record), f"{path.name}:{lineno}", skips)
             if doc:
                 yield doc
 

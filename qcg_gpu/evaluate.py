@@ -24,6 +24,7 @@ from .errors import QCGError
 from .llm import LLMBackend, SamplingSpec
 from .log import logger, progress_bar
 from .metrics import (
+    best_over,
     exact_match,
     is_abstention,
     judge_conversation,
@@ -113,6 +114,7 @@ class Harness:
                     "type": question.type,
                     "question": question.question,
                     "gold": question.answer,
+                    **({"gold_aliases": question.aliases} if question.aliases else {}),
                     "evidence": question.evidence,
                     "chunk_ids": ranked,
                     "chunks": [self.chunk_docnos[c] for c in ranked],
@@ -152,9 +154,10 @@ class Harness:
                     em=float(abstained), f1=float(abstained), judge=float(abstained) if judge else float("nan")
                 )
                 continue
+            golds = [record["gold"], *record.get("gold_aliases", [])]  # several accepted answers: the best counts
             record.update(
-                em=exact_match(answer, record["gold"]),
-                f1=token_f1(answer, record["gold"]),
+                em=best_over(exact_match, answer, golds),
+                f1=best_over(token_f1, answer, golds),
                 judge=0.0 if judge else float("nan"),
             )
             if judge and answer and not abstained:

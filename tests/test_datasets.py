@@ -221,3 +221,94 @@ def test_jsonl_questions(tmp_path):
     path.write_text('{"question": "Q", "evidence_doc_ids": "d1"}\n')
     with pytest.raises(QCGError, match="must be a list"):
         load_dataset("jsonl", path)
+
+
+def _write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_beir_split_with_qrels(tmp_path):
+
+    _write_jsonl(
+        tmp_path / "corpus.jsonl",
+        [{"_id": "d1", "title": "Paris", "text": "Capital of France."}, {"_id": "d2", "title": "", "text": "Rome."}],
+    )
+    _write_jsonl(
+        tmp_path / "queries.jsonl",
+        [{"_id": "q1", "text": "capital of france?", "metadata": {"answer": "Paris"}}, {"_id": "q2", "text": "rome"}],
+    )
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\t0\nq2\td2\t2\nq3\td1\t1\nq2\td9\t1\n"
+    )
+    evalset = load_dataset("beir", tmp_path)
+    assert [(q.qid, q.question, q.answer, q.evidence) for q in evalset.questions] == [
+        ("q1", "capital of france?", "Paris", ["d1"]),  # score 0 is not relevant
+        ("q2", "rome", "", ["d2"]),
+    ]
+    assert len(evalset.problems) == 2 and "'q3' is not in queries.jsonl" in evalset.problems[0]
+    assert "'d9' is not in corpus.jsonl" in evalset.problems[1]
+    # the index builder reads the same corpus with the same ids, the title on a line of its own
+    docs = {d.doc_id: "".join(d.pieces()) for d in read_documents(tmp_path / "corpus.jsonl", SkipLog())}
+    assert docs == {"d1": "Paris\nCapital of France.", "d2": "Rome."}
+
+
+def test_hipporag_layout_resolves_supporting_passages_and_aliases(tmp_path):
+
+    corpus = [
+        {"title": "Green", "text": "Green is an album by Steve Hillage."},
+        {"title": "Steve Hillage", "text": "Hillage's partner is Miquette Giraudy."},
+        {"title": "Green", "text": "Green is a colour."},  # a repeated title: "Green (2)"
+        {"title": "Film X", "text": "Film X was directed by Y. Y was born in 1950."},
+        {"title": "Hot", "text": "One.Two."},
+    ]
+    samples = [
+        {  # MuSiQue: paragraphs with is_supporting, answer aliases
+            "id": "2hop__1_2",
+            "question": "Who is the partner of the Green performer?",
+            "answer": "Miquette Giraudy",
+            "answer_aliases": ["Giraudy"],
+            "paragraphs": [
+                {"title": "Green", "paragraph_text": "Green is an album by Steve Hillage.", "is_supporting": True},
+                {
+                    "title": "Steve Hillage",
+                    "paragraph_text": "Hillage's partner is Miquette Giraudy.",
+                    "is_supporting": True,
+                },
+                {"title": "Green", "paragraph_text": "Green is a colour.", "is_supporting": False},
+            ],
+        },
+        {  # 2WikiMultiHopQA: supporting_facts over [title, sentences] contexts, sentences joined by spaces
+            "_id": "abc",
+            "type": "compositional",
+            "question": "When was the director of Film X born?",
+            "answer": "1950",
+            "supporting_facts": [["Film X", 0]],
+            "context": [["Film X", ["Film X was directed by Y.", "Y was born in 1950."]], ["Other", ["No."]]],
+        },
+        {  # HotpotQA: sentences joined without spaces; a passage missing from the corpus is reported
+            "_id": "def",
+            "type": "bridge",
+            "question": "Hot?",
+            "answer": "yes",
+            "supporting_facts": [["Hot", 0], ["Cold", 0]],
+            "context": [["Hot", ["One.", "Two."]], ["Cold", ["Ice."]]],
+        },
+        {"question": "No answer?"},
+    ]
+    (tmp_path / "musique_corpus.json").write_text(json.dumps(corpus))
+    (tmp_path / "musique.json").write_text(json.dumps(samples))
+    evalset = load_dataset("hipporag", tmp_path)
+    first, second, third = evalset.questions
+    assert (first.qid, first.type, first.evidence) == ("2hop__1_2", "2hop", ["Green", "Steve Hillage"])
+    assert first.answers == ["Miquette Giraudy", "Giraudy"]
+    assert (second.type, second.evidence, third.type, third.evidence) == (
+        "compositional",
+        ["Film X"],
+        "bridge",
+        ["Hot"],
+    )
+    assert any("'Cold' is not in the corpus" in p for p in evalset.problems)
+    assert any("musique.json[3]: no gold answer" in p for p in evalset.problems)
+    docs = [d.doc_id for d in read_documents(tmp_path / "musique_corpus.json", SkipLog())]
+    assert docs == ["Green", "Steve Hillage", "Green (2)", "Film X", "Hot"]

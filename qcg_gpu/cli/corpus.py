@@ -10,7 +10,10 @@ def add_parser(commands) -> None:
         description="Write MultiHop-RAG's corpus.json as JSONL ({doc_id, text}) for qcg index.",
     )
     corpus.add_argument(
-        "--dataset", required=True, choices=["multihop-rag"], help="(LiHuaWorld's docs/ directory is indexed as it is)"
+        "--dataset",
+        required=True,
+        choices=["multihop-rag"],
+        help="(LiHuaWorld's docs/, a BEIR corpus.jsonl and a HippoRAG NAME_corpus.json are indexed as they are)",
     )
     corpus.add_argument("--data", required=True, help="directory holding corpus.json, or the file")
     corpus.add_argument("--out", required=True, help="JSONL file to write")
