@@ -81,7 +81,7 @@ def build_index(
         index_tables(chunks, pairs, embedded.nodes),
         arrays,
         graph,
-        build_manifest(config, summary, model_name, embedder),
+        build_manifest(config, summary, model_name, embedder, chunks),
         summary,
     )
     return summary

@@ -301,8 +301,11 @@ def package_versions() -> dict:
     return found
 
 
-def build_manifest(config: IndexConfig, summary: IndexSummary, llm_name: str | None, embedder: Embedder) -> dict:
-    """The manifest of a full build: its settings, models, counts, tokens and timings."""
+def build_manifest(
+    config: IndexConfig, summary: IndexSummary, llm_name: str | None, embedder: Embedder, chunks: list[Chunk]
+) -> dict:
+    """The manifest of a full build: its settings, models, counts, tokens and timings, and the
+    documents whose generation failed (``qcg index retry`` takes them up)."""
     settings = config.to_dict()
     settings["nodes"]["embed_batch_size"] = embedder.batch_size  # what was used: a passed-in embedder may differ
     return {
@@ -336,5 +339,6 @@ def build_manifest(config: IndexConfig, summary: IndexSummary, llm_name: str | N
         "stage_seconds": summary.seconds,
         "skipped": summary.skipped,
         "failed_chunks": summary.failed_chunks,
+        "failed_documents": {chunks[c].doc_id: error for c, error in reversed(summary.failed_chunks)},
         "versions": package_versions(),
     }

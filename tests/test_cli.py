@@ -15,6 +15,7 @@ from qcg_gpu.cli import build_parser, check, index, main
         (["index", "idx", "--remove", "a", "b", "--quiet"], ["index", "remove", "idx", "a", "b", "--quiet"]),
         (["index", "--quiet", "idx", "--remove", "a"], ["index", "remove", "--quiet", "idx", "a"]),
         (["index", "docs", "idx", "--dry-run", "--add"], ["index", "plan", "docs", "idx", "--add"]),
+        (["index", "--retry-failed", "idx", "--quiet"], ["index", "retry", "idx", "--quiet"]),
         (["index", "build", "docs", "out"], ["index", "build", "docs", "out"]),
         (["query", "idx", "--query", "q"], ["query", "idx", "--query", "q"]),
     ],
@@ -26,6 +27,7 @@ def test_older_index_spellings_become_subcommands(old, new):
         "build": index.run_build,
         "add": index.run_add,
         "remove": index.run_remove,
+        "retry": index.run_retry,
         "plan": index.run_plan,
     }.get(getattr(parsed, "action", None), parsed.run)
 

@@ -11,6 +11,7 @@ import pytest
 from qcg_gpu import build_index
 from qcg_gpu.cache import GenerationCache, stored_settings
 from qcg_gpu.config import IndexConfig
+from qcg_gpu.errors import QCGError
 from qcg_gpu.index_format import load_array, load_table, read_manifest
 from qcg_gpu.llm import Completion, LLMBackend
 from qcg_gpu.nodes import split_sentences
@@ -257,3 +258,40 @@ def test_llm_faults_are_counted_and_failed_chunks_retried(tmp_path, few_docs, vl
     llm = Recording(vllm_backend)
     retry = build_index(few_docs, tmp_path / "idx", config, llm=llm, embedder=embedder, overwrite=True)
     assert llm.asked == [1] and retry.generated_chunks == 1 and not retry.failed_chunks
+
+
+def test_retry_regenerates_only_the_failed_chunks_and_equals_a_rebuild(tmp_path, few_docs, vllm_backend, embedder):
+    import json
+
+    from qcg_gpu.incremental import retry_failed
+
+    def fault(i, completion):
+        return Completion(error="RuntimeError: engine died") if i == 1 else completion
+
+    config = _config(tmp_path)
+    build_index(few_docs, tmp_path / "idx", config, llm=Recording(vllm_backend, fault), embedder=embedder)
+    manifest = read_manifest(tmp_path / "idx")
+    [(failed_doc, error)] = manifest["failed_documents"].items()
+    assert "engine died" in error
+    report = qcg("check", tmp_path / "idx")
+    assert report.returncode == 0 and f"FAILED document {failed_doc}: RuntimeError: engine died" in report.stdout
+
+    llm = Recording(vllm_backend)
+    summary = retry_failed(tmp_path / "idx", llm=llm, embedder=embedder)
+    assert llm.asked == [1] and summary.generated_chunks == 1 and summary.documents == 1  # the rest from the cache
+    repaired = read_manifest(tmp_path / "idx")
+    assert repaired["failed_documents"] == {} and repaired["counts"]["chunks_failed"] == 0
+    assert repaired["history"][-1]["op"] == "retry"
+    # like --add: equal to a rebuild with the repaired document last
+    docs = sorted(p for p in few_docs.iterdir())
+    order = [d for d in docs if d.stem != failed_doc] + [d for d in docs if d.stem == failed_doc]
+    (tmp_path / "reordered.jsonl").write_text(
+        "".join(json.dumps({"doc_id": d.stem, "text": open(d, newline="").read()}) + "\n" for d in order)
+    )
+    build_index(tmp_path / "reordered.jsonl", tmp_path / "rebuilt", config, llm=vllm_backend, embedder=embedder)
+    for table in ("chunks", "pairs", "nodes"):
+        assert load_table(tmp_path / "idx", table).equals(load_table(tmp_path / "rebuilt", table)), table
+    for array in ("node_embeddings", "knn_indices", "knn_indptr"):
+        np.testing.assert_array_equal(load_array(tmp_path / "idx", array), load_array(tmp_path / "rebuilt", array))
+    with pytest.raises(QCGError, match="no failed chunks"):
+        retry_failed(tmp_path / "idx", llm=vllm_backend, embedder=embedder)

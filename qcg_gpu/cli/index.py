@@ -14,7 +14,7 @@ from ..config import IndexConfig
 from ..errors import QCGError
 from .options import add_options, add_output_options, add_ray_options, fill, ray_cluster
 
-ACTIONS = ("build", "add", "remove", "plan")
+ACTIONS = ("build", "add", "remove", "retry", "plan")
 INPUT_HELP = (
     "directory of .txt/.md files (recursive), a .jsonl file ({doc_id, text} per line) or a .parquet file "
     "(doc_id, text columns)"
@@ -37,6 +37,8 @@ def current_spelling(argv: list[str]) -> list[str]:
         return ["index", "plan", *[token for token in rest if token != "--dry-run"]]
     if "--add" in rest:
         return ["index", "add", *[token for token in rest if token != "--add"]]
+    if "--retry-failed" in rest:
+        return ["index", "retry", *[token for token in rest if token != "--retry-failed"]]
     return ["index", "build", *rest]
 
 
@@ -48,6 +50,7 @@ def add_parser(commands) -> None:
         "  qcg index build INPUT OUT           build (older spelling: qcg index INPUT OUT)\n"
         "  qcg index add INPUT INDEX           add documents (qcg index --add INPUT INDEX)\n"
         "  qcg index remove INDEX DOC_ID ...   remove documents (qcg index INDEX --remove DOC_ID ...)\n"
+        "  qcg index retry INDEX               regenerate failed chunks, then update (qcg index --retry-failed INDEX)\n"
         "  qcg index plan INPUT [OUT]          forecast chunks, LLM tokens and time (qcg index INPUT OUT --dry-run)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -75,6 +78,15 @@ def add_parser(commands) -> None:
     remove.add_argument("doc_ids", nargs="+", metavar="DOC_ID", help="documents to remove")
     add_output_options(remove)
     remove.set_defaults(run=run_remove)
+
+    retry = actions.add_parser(
+        "retry",
+        help="generate the chunks whose LLM request failed, then update the index like add (no rebuild; the "
+        "documents they belong to move to the end)",
+    )
+    retry.add_argument("out", metavar="index", help="the index to repair")
+    _add_build_options(retry)
+    retry.set_defaults(run=run_retry)
 
     plan = actions.add_parser(
         "plan",
@@ -131,6 +143,17 @@ def run_add(args) -> int:
     index_settings(read_manifest(args.out), options)  # refuse other settings before a cluster starts
     summary = add_documents(args.out, args.input, options, cluster=ray_cluster(args))
     print(summary.format().replace("index written to", "documents added to", 1))
+    return 0
+
+
+def run_retry(args) -> int:
+    from ..incremental import index_settings, retry_failed
+    from ..index_format import read_manifest
+
+    options = index_config(args)
+    index_settings(read_manifest(args.out), options)  # refuse other settings before a cluster starts
+    summary = retry_failed(args.out, options, cluster=ray_cluster(args))
+    print(summary.format().replace("index written to", f"{summary.documents} documents regenerated in", 1))
     return 0
 
 
