@@ -115,7 +115,10 @@ def _import_vllm():
     # vLLM logs to stdout by default, which would mix with qcg's JSON lines there; and only errors
     # unless --verbose (its start-up alone writes hundreds of INFO lines).
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", engine_log_level())
+    if engine_log_level() == "INFO":  # --verbose wins over a level inherited from a parent process
+        os.environ["VLLM_LOGGING_LEVEL"] = "INFO"
+    else:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     if "vllm" not in sys.modules:
         for name in ("torchvision", "torchaudio", "torchcodec"):
             try:

@@ -70,7 +70,7 @@ def test_trec_runs_of_documents_and_chunks(small_index, tmp_path):
     for lines, expected in ((chunks, expected_chunks), (documents, expected_documents)):
         assert [line[:4] for line in lines] == [e[:4] for e in expected]
         assert np.allclose([float(line[4]) for line in lines], [e[4] for e in expected], atol=1e-6, rtol=0)
-    assert len(documents) < len(chunks) and all(line[5] == "qcg" for line in documents)
+    assert all(line[5] == "qcg" for line in documents + chunks)
     refused = qcg("query", small_index, *args, "--format", "trec", "--trace")
     assert refused.returncode == 2 and "--trace needs --format jsonl" in refused.stderr
 
@@ -111,7 +111,6 @@ def test_baselines_rank_chunks_by_their_expanded_text(small_index, embedder):
             for c, t in enumerate(chunks)
         ],
     }
-    assert expanded["d2q"] != expanded["d2q-minus"]  # some pairs were dropped by the alpha filter
     rankings: dict[str, list[list[int]]] = {}
     questions = ["Who is Adam?", "lunch with Wolfgang", "When does Li Hua move in?"]
     for method, texts in expanded.items():
