@@ -223,7 +223,9 @@ def summarize(records: list[dict], types: list[str]) -> list[dict]:
 def metric_names(records: list[dict]) -> list[str]:
     """The metrics the records carry, answer metrics first (the paper's order), then retrieval ones (``R@5``...)."""
     keys = dict.fromkeys(key for r in records for key in r)
-    return [m for m in ANSWER_METRICS if m in keys] + [k for k in keys if "@" in k]
+    return [m for m in ANSWER_METRICS if m in keys] + [
+        k for k in keys if k.partition("@")[2].isdigit()
+    ]  # not R@5_multi
 
 
 # --- report ---------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ def plot_sweep(name: str, rows: list[dict], path: str | Path) -> None:
 
     x = "n" if name == "seeds" else next(k for k in rows[0] if k in ("hops", "knn_k", "alpha"))
     series = "gamma" if name == "seeds" else None
-    names = [key for key in rows[0] if metric_base(key) in PANELS]
+    names = [key for key in rows[0] if metric_base(key) in PANELS and "_" not in key]  # R@5, not R@5_multi
     metrics = sorted(names, key=lambda key: PANELS.index(metric_base(key)))
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.2), squeeze=False)
     for ax, metric in zip(axes[0], metrics):

@@ -180,6 +180,7 @@ def test_eval_cli_retrieval_only(small_index, questions_file, tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Evidence recall, R@5" in result.stdout and "LLM-as-judge" not in result.stdout
+    assert "Evidence recall, R@5_" not in result.stdout  # one table per metric, its types as columns
     assert "| qcg@again |" in result.stdout and "questions by type: {'single': 1, 'null': 1}" in result.stdout
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [r["method"] for r in records] == [
