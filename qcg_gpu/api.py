@@ -110,6 +110,8 @@ class QCGRag:
         for name, gold in (("gold_docs", gold_docs), ("gold_answers", gold_answers)):
             if gold is not None and len(gold) != len(solutions):
                 raise QCGError(f"{name} has {len(gold)} entries for {len(solutions)} questions")
+        if not solutions:
+            return [], {}
         completions = answer_from_chunks(
             self.llm,
             [s.question for s in solutions],
@@ -125,7 +127,7 @@ class QCGRag:
                 solution.gold_docs = list(gold_docs[i])
                 for name, value in retrieval_scores(solution.doc_ids, solution.gold_docs, solution.top_k).items():
                     scores.setdefault(name, []).append(value)
-            if gold_answers is not None:
+            if gold_answers is not None and gold_answers[i]:  # a question without a gold answer is not scored
                 golds = gold_answers[i]
                 solution.gold_answers = [golds] if isinstance(golds, str) else list(golds)
                 answer = solution.answer or ""
