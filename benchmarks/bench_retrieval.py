@@ -32,10 +32,9 @@ from qcg_gpu.retrieval.search import use_prefilter
 DIM = 384
 
 
-def synthetic_index(n_nodes: int, k: int = 2, nodes_per_chunk: int = 16, seed: int = 0) -> QCGIndex:
-    """Clustered unit vectors (like pairs of one corpus), random fixed-degree kNN edges (speed does not
-    depend on which nodes are linked), 16 nodes per chunk (20 pairs, alpha 0.8)."""
-    rng = np.random.default_rng(seed)
+def clustered_vectors(n_nodes: int, rng: np.random.Generator) -> np.ndarray:
+    """Unit vectors in clusters of ~64 (like the pairs of one corpus): cosine ~0.8 to their
+    cluster's centre, ~0.67 between members, ~0 across clusters."""
     centers = rng.standard_normal((max(n_nodes // 64, 1), DIM)).astype(np.float32)
     x = np.empty((n_nodes, DIM), np.float32)
     for start in range(0, n_nodes, 65536):
@@ -45,6 +44,14 @@ def synthetic_index(n_nodes: int, k: int = 2, nodes_per_chunk: int = 16, seed: i
             (count, DIM), dtype=np.float32
         )
     x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return x
+
+
+def synthetic_index(n_nodes: int, k: int = 2, nodes_per_chunk: int = 16, seed: int = 0) -> QCGIndex:
+    """Clustered unit vectors, random fixed-degree kNN edges (speed does not depend on which nodes
+    are linked), 16 nodes per chunk (20 pairs, alpha 0.8)."""
+    rng = np.random.default_rng(seed)
+    x = clustered_vectors(n_nodes, rng)
     indices = rng.integers(0, n_nodes - 1, (n_nodes, k))
     indices += indices >= np.arange(n_nodes)[:, None]  # no self-loops
     indptr = np.arange(n_nodes + 1, dtype=np.int64) * k

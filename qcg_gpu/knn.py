@@ -15,6 +15,11 @@ node id. Two steps:
 So faiss, torch CPU and torch CUDA give the same graph. :func:`add_nodes` and
 :func:`remove_nodes` update a graph to the one a rebuild would give, searching only the rows
 an update can change (incremental indexing).
+
+Exact search is O(N^2). Past a few million nodes on CPU, ``ef_search`` swaps step 1 for a faiss
+HNSW graph search (:func:`hnsw_candidates`): step 2 still ranks what it finds exactly, but a true
+neighbour it misses is missed (edge recall: ``benchmarks/bench_knn.py``). Updates of such a graph
+search their rows exactly, so the rows an update touches become exact and the rest stay as built.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from .errors import QCGError
 from .log import progress_bar
 
 CANDIDATE_MARGIN = 8
+HNSW_LINKS = 32  # faiss HNSW M: links per node and layer (faiss' recommended 16-64)
 RERANK_TILE_ROWS = 2048
 SIMILARITY_TILE_ELEMENTS = 1 << 28  # 1 GiB of float32 similarities per tile
 
@@ -59,14 +65,20 @@ def search_width(k: int, n: int) -> int:
     return min(n, k + 1 + CANDIDATE_MARGIN)
 
 
-def knn_graph(embeddings: np.ndarray, k: int, backend: str = "auto", device: str | None = None) -> KnnGraph:
-    """Exact kNN graph of unit-length ``embeddings`` (N, d); each row gets min(k, N - 1) edges."""
+def knn_graph(
+    embeddings: np.ndarray, k: int, backend: str = "auto", device: str | None = None, ef_search: int | None = None
+) -> KnnGraph:
+    """kNN graph of unit-length ``embeddings`` (N, d); each row gets min(k, N - 1) edges. Exact,
+    or with ``ef_search`` approximate: HNSW candidates of that search breadth, ranked exactly."""
     emb = np.ascontiguousarray(embeddings, dtype=np.float32)
     n = len(emb)
     k_eff = degree(k, n)
     if k_eff == 0:
         return KnnGraph.from_rows(np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32))
-    candidates = search_candidates(emb, emb, search_width(k_eff, n), backend, device)
+    if ef_search is None:
+        candidates = search_candidates(emb, emb, search_width(k_eff, n), backend, device)
+    else:
+        candidates = hnsw_candidates(emb, search_width(k_eff, n), ef_search)
     return KnnGraph.from_rows(*rank_candidates(emb, candidates, k_eff))
 
 
@@ -151,6 +163,24 @@ def faiss_candidates(queries: np.ndarray, base: np.ndarray, width: int) -> np.nd
     index.add(np.ascontiguousarray(base))
     _, ids = index.search(np.ascontiguousarray(queries), width)
     return ids.astype(np.int64)
+
+
+def hnsw_candidates(emb: np.ndarray, width: int, ef_search: int) -> np.ndarray:
+    """The ``width`` nodes a faiss HNSW graph search finds nearest to each node (-1 where it finds fewer)."""
+    faiss = require("faiss")
+    index = faiss.IndexHNSWFlat(emb.shape[1], HNSW_LINKS, faiss.METRIC_INNER_PRODUCT)
+    index.hnsw.efConstruction = max(ef_search, 40)
+    index.hnsw.efSearch = max(ef_search, width)
+    ids = np.empty((len(emb), width), np.int64)
+    block = 65536
+    with progress_bar(total=2 * len(emb), desc="HNSW kNN", unit="node", disable=len(emb) <= block) as bar:
+        for start in range(0, len(emb), block):  # add in blocks: the bar moves during the long build
+            index.add(emb[start : start + block])
+            bar.update(min(block, len(emb) - start))
+        for start in range(0, len(emb), block):
+            ids[start : start + block] = index.search(emb[start : start + block], width)[1]
+            bar.update(min(block, len(emb) - start))
+    return ids
 
 
 def torch_candidates(queries: np.ndarray, base: np.ndarray, width: int, device: str) -> np.ndarray:

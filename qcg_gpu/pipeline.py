@@ -18,6 +18,7 @@ from .stages import (
     Pairs,
     build_graph,
     build_manifest,
+    check_cluster_graph,
     embed_and_select,
     index_tables,
     load_embedder,
@@ -49,6 +50,7 @@ def build_index(
     check_writable(out, overwrite)
     summary = IndexSummary(out=out)
     if cluster is not None:
+        check_cluster_graph(config)
         llm = llm or cluster.llm(config.generation)
 
     with stage(summary, "chunk"):

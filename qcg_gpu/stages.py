@@ -214,10 +214,19 @@ def build_nodes(
     return nodes, embedder.encode(nodes.text, "nodes")
 
 
+def check_cluster_graph(config: IndexConfig) -> None:
+    """A Ray cluster builds exact graphs only (checked before any model loads)."""
+    if config.graph.knn == "approximate":
+        raise QCGError("--knn approximate builds its HNSW graph in one process; drop --ray or use --knn exact")
+
+
 def build_graph(node_embeddings: np.ndarray, config: IndexConfig, cluster=None) -> KnnGraph:
-    """The exact kNN graph of the nodes: in this process, or as row blocks on a Ray ``cluster``."""
-    search = cluster.knn_graph if cluster is not None else knn_graph
-    return search(node_embeddings, config.graph.knn_k, config.graph.knn_backend, config.nodes.device)
+    """The kNN graph of the nodes: in this process, or (exact only) as row blocks on a Ray ``cluster``."""
+    graph = config.graph
+    if cluster is not None:
+        check_cluster_graph(config)
+        return cluster.knn_graph(node_embeddings, graph.knn_k, graph.knn_backend, config.nodes.device)
+    return knn_graph(node_embeddings, graph.knn_k, graph.knn_backend, config.nodes.device, graph.ef_search())
 
 
 def index_tables(

@@ -12,7 +12,7 @@ import copy
 
 import numpy as np
 
-from .config import GraphConfig, NodeConfig
+from .config import GraphConfig, IndexConfig, NodeConfig
 from .embedding import Embedder
 from .errors import QCGError
 from .knn import knn_graph
@@ -40,7 +40,8 @@ def derive_index(
         node_emb, node_chunk = index.node_embeddings, index.node_chunk  # same nodes: only the graph changes
     else:
         node_emb, node_chunk = _rebuild_nodes(index, alpha, nodes, embedder)
-    graph = knn_graph(node_emb, knn_k, settings["graph"]["knn_backend"], settings["nodes"]["device"])
+    graph_config = IndexConfig.from_dict(settings).graph  # an index from before --knn: exact
+    graph = knn_graph(node_emb, knn_k, graph_config.knn_backend, settings["nodes"]["device"], graph_config.ef_search())
 
     settings["nodes"].update(alpha=alpha, nodes=nodes)
     settings["graph"]["knn_k"] = knn_k

@@ -13,6 +13,7 @@ from qcg_gpu.cache import GenerationCache, stored_settings
 from qcg_gpu.config import IndexConfig
 from qcg_gpu.errors import QCGError
 from qcg_gpu.index_format import load_array, load_table, read_manifest
+from qcg_gpu.knn import knn_graph
 from qcg_gpu.llm import Completion, LLMBackend
 from qcg_gpu.nodes import split_sentences
 
@@ -233,6 +234,21 @@ def test_sentence_nodes_need_no_llm(tmp_path, few_docs, embedder):
     assert manifest["settings"]["nodes"]["embed_batch_size"] == embedder.batch_size
     assert [n["text"] for n in nodes] == [s for text in chunks for s in split_sentences(text)]
     assert len(load_array(tmp_path / "s", "node_embeddings")) == len(nodes) > 4
+
+
+def test_an_approximate_graph_is_recorded_and_ranked_exactly(tmp_path, few_docs, embedder):
+    config = _config(tmp_path, nodes="sentence")
+    config.graph.knn, config.graph.knn_k = "approximate", 3
+    build_index(few_docs, tmp_path / "a", config, llm=None, embedder=embedder)
+    manifest = read_manifest(tmp_path / "a")
+    assert manifest["settings"]["graph"]["knn"] == "approximate" and manifest["settings"]["graph"]["knn_ef"] == 64
+    emb = load_array(tmp_path / "a", "node_embeddings")
+    indices, scores = load_array(tmp_path / "a", "knn_indices"), load_array(tmp_path / "a", "knn_scores")
+    rows = np.repeat(np.arange(len(emb)), 3)
+    want = np.einsum("ij,ij->i", emb[rows].astype(np.float64), emb[indices].astype(np.float64))
+    np.testing.assert_array_equal(scores, want.astype(np.float32))
+    # a small graph: HNSW finds every true edge, so the approximate graph equals the exact one
+    assert indices.tolist() == knn_graph(emb, 3).indices.tolist()
 
 
 def test_llm_faults_are_counted_and_failed_chunks_retried(tmp_path, few_docs, vllm_backend, embedder):

@@ -57,3 +57,29 @@ def test_degenerate_sizes():
     for n in (0, 1):
         graph = knn_graph(np.zeros((n, 8), np.float32), 2)
         assert graph.indptr.tolist() == [0] * (n + 1) and graph.indices.size == 0
+
+
+def edge_recall(got, want) -> float:
+    n = len(want.indptr) - 1
+    found = [len(set(a) & set(b)) for a, b in zip(got.indices.reshape(n, -1), want.indices.reshape(n, -1))]
+    return sum(found) / want.indices.size
+
+
+def test_approximate_graph_finds_nearly_every_edge_and_scores_it_exactly(embedder):
+    texts = [f"Li Hua meets friend number {i % 37} at the café on day {i}" for i in range(2000)]
+    emb = embedder.encode(texts)
+    exact = knn_graph(emb, 3)
+    approx = knn_graph(emb, 3, ef_search=64)
+    assert approx.indptr.tolist() == exact.indptr.tolist()
+    assert edge_recall(approx, exact) >= 0.95
+    rows = np.repeat(np.arange(len(emb)), 3)
+    want = np.einsum("ij,ij->i", emb[rows].astype(np.float64), emb[approx.indices].astype(np.float64))
+    np.testing.assert_array_equal(approx.scores, want.astype(np.float32))  # ranked exactly, like the exact graph
+    assert (np.diff(approx.scores.reshape(-1, 3), axis=1) <= 0).all() and (approx.indices != rows).all()
+
+
+def test_a_narrow_approximate_search_misses_edges_and_a_wide_one_finds_them():
+    emb = unit_rows(np.random.default_rng(5), 3000, 256)  # isotropic: the hardest case for a graph search
+    exact = knn_graph(emb, 2)
+    narrow, wide = (edge_recall(knn_graph(emb, 2, ef_search=ef), exact) for ef in (1, 400))
+    assert narrow < 0.97 and wide > 0.999  # measured: 0.915 and 1.0

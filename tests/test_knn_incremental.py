@@ -66,3 +66,20 @@ def test_tiny_graphs_grow_and_shrink():
         assert_same_graph(add_nodes(knn_graph(old, 3), old, new, 3), knn_graph(x, 3))
     keep = np.array([True, False, False, False, True, False])
     assert_same_graph(remove_nodes(knn_graph(x, 3), x, keep, 3), knn_graph(x[keep], 3))
+
+
+def test_updates_of_an_approximate_graph_search_their_rows_exactly():
+    emb = clustered(3, 1200)
+    old, new = emb[:1000], emb[1000:]
+    approx = knn_graph(old, 2, ef_search=1)
+    grown = add_nodes(approx, old, new, 2)
+    exact = knn_graph(emb, 2).indices.reshape(len(emb), 2)
+    rows = grown.indices.reshape(len(emb), 2)
+    np.testing.assert_array_equal(rows[len(old) :], exact[len(old) :])  # new rows: searched over every node
+    assert (grown.scores.reshape(-1, 2)[: len(old), -1] >= approx.scores.reshape(-1, 2)[:, -1]).all()
+
+    keep = np.arange(len(emb)) % 3 > 0
+    shrunk = remove_nodes(grown, emb, keep, 2).indices.reshape(-1, 2)
+    lost = ~keep[rows[keep]].all(axis=1)  # kept rows that lost an out-neighbour: searched again, exactly
+    assert lost.sum() > 100
+    np.testing.assert_array_equal(shrunk[lost], knn_graph(emb[keep], 2).indices.reshape(-1, 2)[lost])

@@ -128,8 +128,11 @@ def index_config(args, stored_generation: bool = False) -> IndexConfig:
 
 def run_build(args) -> int:
     from ..pipeline import build_index
+    from ..stages import check_cluster_graph
 
     config = index_config(args, stored_generation=True).validate()  # refuse bad settings before starting a cluster
+    if args.ray:
+        check_cluster_graph(config)
     summary = build_index(args.input, args.out, config, overwrite=args.overwrite, cluster=ray_cluster(args))
     print(summary.format())
     return 3 if summary.failed_chunks else 0
