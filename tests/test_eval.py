@@ -57,7 +57,7 @@ def test_variant_with_own_settings_equals_the_index(small_index, embedder):
     index = QCGIndex.load(small_index)
     same = derive_index(index)
     assert np.array_equal(same.knn_indptr, index.knn_indptr) and np.array_equal(same.knn_indices, index.knn_indices)
-    node_emb, node_chunk = _rebuild_nodes(index, index.manifest["settings"]["nodes"]["alpha"], "qa", None)
+    node_emb, node_chunk = _rebuild_nodes(index, index.manifest["settings"]["nodes"]["alpha"], "qa", None, None)
     assert np.array_equal(node_emb, index.node_embeddings) and np.array_equal(node_chunk, index.node_chunk)
 
     pairs = load_table(small_index, "pairs").to_pydict()
@@ -65,6 +65,13 @@ def test_variant_with_own_settings_equals_the_index(small_index, embedder):
     assert len(everything.node_chunk) == len(pairs["chunk_id"])  # alpha = 1 keeps every valid pair
     assert np.all(np.diff(everything.knn_indptr) == 3)
     assert np.array_equal(everything.node_embeddings, load_array(small_index, "pair_embeddings"))
+
+    first_two = derive_index(index, alpha=1.0, max_pairs=2)  # M = 2: each chunk's first two valid pairs
+    first = np.flatnonzero(np.array(pairs["gen_index"]) < 2)
+    assert np.array_equal(first_two.node_embeddings, load_array(small_index, "pair_embeddings")[first])
+    assert first_two.manifest["first_pairs"] == 2 and np.bincount(first_two.node_chunk).max() == 2
+    half = derive_index(index, alpha=0.5, max_pairs=2)  # ceil(0.5 * 2): the better-scored of the two
+    assert len(half.node_chunk) == len(set(np.array(pairs["chunk_id"])[first]))
 
     questions = derive_index(index, nodes="q", embedder=embedder)
     kept = [q for q, k in zip(pairs["question"], pairs["kept"]) if k]

@@ -8,6 +8,9 @@ For each question type it prints, as a markdown table:
 - seed in evidence: share of questions with at least one seed from an evidence document;
 - seed precision: share of all seeds that come from an evidence document;
 - Q* in evidence: the same for the selected nodes (seeds and their expansion);
+- chunks scored: chunks with a node in Q* (fewer than K: QCG returns fewer than K chunks);
+- evidence reached: recall over every chunk scored, QCG's recall with K unbounded (what is lost
+  between it and QCG recall is lost by the ranking, the rest by the selection);
 - best seed sim: mean cosine of the best seed;
 - top-1 seed's chunk in top K: how often the chunk of the best seed survives the chunk ranking;
 - recall@K of QCG and of naive RAG.
@@ -50,6 +53,8 @@ def analyse(index: QCGIndex, data: Path, config: RetrievalConfig) -> dict[str, d
             "seed in evidence": float(any(node_doc[s] in evidence for s in seeds)),
             "seed precision": float(np.mean([node_doc[s] in evidence for s in seeds])) if len(seeds) else np.nan,
             "Q* in evidence": float(np.mean([node_doc[s] in evidence for s in selected])) if len(selected) else np.nan,
+            "chunks scored": float(len(set(index.node_chunk[selected].tolist()))),
+            "evidence reached": evidence_recall(sorted(set(node_doc[selected])), q.evidence) if len(selected) else 0.0,
             "best seed sim": float(qcg.seed_sims[b][0]) if len(seeds) else np.nan,
             "top-1 seed's chunk in top K": float(int(index.node_chunk[seeds[0]]) in top) if len(seeds) else np.nan,
             "QCG recall": evidence_recall([chunk_doc[c] for c in top], q.evidence),
@@ -75,7 +80,7 @@ def main() -> None:
     print(f"gamma {config.gamma}, n {config.n}, hops {config.hops}, K {config.top_k}; {args.index}\n")
     print("| | " + " | ".join(kinds) + " |\n|---|" + "---|" * len(kinds))
     for metric in table["overall"]:
-        scale = 1 if metric == "best seed sim" else 100
+        scale = 1 if metric in ("best seed sim", "chunks scored") else 100
         print(f"| {metric} | " + " | ".join(f"{scale * table[k][metric]:.2f}" for k in kinds) + " |")
 
 

@@ -1,0 +1,103 @@
+"""Remedies for QCG's retrieval that stay within the method (issue 13), measured on the dev split:
+a grid of M (each chunk's first M pairs of the stored M = 20 generation), alpha, node text,
+gamma x n and h, each QCG variant derived in memory from one built index (no LLM), next to
+naive RAG, D2Q and D2Q-- on the same index.
+
+    python benchmarks/lihuaworld/remedies.py INDEX OUT.csv [--data DIR]
+
+Prints one markdown row per setting (R@5 overall / multi / single, RR@5) and writes them all to
+OUT.csv. M < 20 here keeps the first M pairs the LLM wrote when asked for 20, an approximation
+of asking for M (the later pairs of a reply are the more repetitive ones).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+from pathlib import Path
+
+import numpy as np
+
+from qcg_gpu.config import RetrievalConfig
+from qcg_gpu.datasets import NULL_TYPE, load_dataset
+from qcg_gpu.metrics import evidence_recall, reciprocal_rank
+from qcg_gpu.query import index_embedder
+from qcg_gpu.retrieval import QCGIndex, search
+from qcg_gpu.variants import derive_index
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "lihuaworld"
+GRID = {
+    "max_pairs": (5, 10, 20),
+    "alpha": (0.2, 0.4, 0.8),
+    "nodes": ("qa", "q"),
+    "seeds": ((1.5, 10), (1.5, 20), (1.0, 10), (1.0, 20)),  # (gamma, n)
+    "hops": (0, 1),
+}
+
+
+def scores(index: QCGIndex, result, questions) -> dict[str, float]:
+    """Mean R@K and RR@K over the answerable questions, overall and per type."""
+    chunk_doc = np.array(index.chunks.column("doc_id").to_pylist(), dtype=object)
+    per_type: dict[str, list[tuple[float, float]]] = {}
+    for b, q in enumerate(questions):
+        docs = [chunk_doc[c] for c in result.chunk_ids[b] if c >= 0]
+        row = (evidence_recall(docs, q.evidence), reciprocal_rank(docs, q.evidence))
+        per_type.setdefault("overall", []).append(row)
+        per_type.setdefault(q.type, []).append(row)
+    out = {}
+    for kind, rows in per_type.items():
+        out[f"R@5 {kind}"] = 100 * float(np.mean([r for r, _ in rows]))
+        out[f"RR@5 {kind}"] = 100 * float(np.mean([rr for _, rr in rows]))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("index", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--data", type=Path, default=DATA)
+    args = parser.parse_args()
+
+    index = QCGIndex.load(args.index)
+    questions = [q for q in load_dataset("lihuaworld", args.data).questions if q.type != NULL_TYPE]
+    embedder = index_embedder(index)
+    vectors = embedder.encode([q.question for q in questions], "questions")
+    rows = []
+    base = RetrievalConfig(gamma=1.5, n=10, hops=1, top_k=5)
+    for method in ("naive", "d2q", "d2q-minus"):
+        rows.append({"method": method, **scores(index, search(index, vectors, base, method, embedder), questions)})
+        print(rows[-1], flush=True)
+    for max_pairs, alpha, nodes in itertools.product(GRID["max_pairs"], GRID["alpha"], GRID["nodes"]):
+        variant = derive_index(index, alpha=alpha, nodes=nodes, max_pairs=max_pairs, embedder=embedder)
+        for (gamma, n), hops in itertools.product(GRID["seeds"], GRID["hops"]):
+            config = RetrievalConfig(gamma=gamma, n=n, hops=hops, top_k=5)
+            setting = {"method": "qcg", "M": max_pairs, "alpha": alpha, "nodes": nodes, "gamma": gamma, "n": n}
+            rows.append(
+                {
+                    **setting,
+                    "h": hops,
+                    "nodes_kept": len(variant.node_chunk),
+                    **scores(variant, search(variant, vectors, config), questions),
+                }
+            )
+        best = max(rows[-len(GRID["seeds"]) * len(GRID["hops"]) :], key=lambda r: r["R@5 overall"])
+        print({k: round(v, 1) if isinstance(v, float) else v for k, v in best.items()}, flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    fields = list(dict.fromkeys(k for r in rows[3:4] + rows for k in r))
+    with open(args.out, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    ranked = sorted((r for r in rows if r["method"] == "qcg"), key=lambda r: -r["R@5 overall"])
+    print("\n| M | alpha | nodes | gamma | n | h | R@5 | multi | single | RR@5 |\n" + "|---" * 10 + "|")
+    for r in rows[:3] + ranked[:15]:
+        print(
+            f"| {r.get('M', r['method'])} | {r.get('alpha', '')} | {r.get('nodes', '')} | {r.get('gamma', '')} | "
+            f"{r.get('n', '')} | {r.get('h', '')} | {r['R@5 overall']:.1f} | {r['R@5 multi']:.1f} | "
+            f"{r['R@5 single']:.1f} | {r['RR@5 overall']:.1f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
