@@ -16,6 +16,7 @@ import importlib
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -216,8 +217,8 @@ class VLLMBackend(LLMBackend):
         params = self.sampling_params(sampling, conversations)
         engine, pending = self.llm.llm_engine, iter(range(len(conversations)))
         position: dict[str, int] = {}  # request id -> conversation
-        output_tokens = 0
         bar = progress_bar(total=len(conversations), desc="LLM replies", unit="chunk")
+        meter = TokenMeter(bar)
 
         def enqueue(todo: list[int]) -> None:
             internal = self.llm.enqueue_chat(
@@ -242,12 +243,14 @@ class VLLMBackend(LLMBackend):
         try:
             finished = refill()
             while position or finished:
-                finished += [(position.pop(out.request_id), _completion(out)) for out in engine.step() if out.finished]
+                meter.step(position)
+                for out in engine.step():
+                    if out.finished:
+                        completion = _completion(out)
+                        meter.finish(out.request_id, completion.output_tokens)
+                        finished.append((position.pop(out.request_id), completion))
+                meter.show()
                 if finished:
-                    output_tokens += sum(c.output_tokens for _, c in finished)
-                    bar.set_postfix_str(
-                        f"{output_tokens / max(bar.format_dict['elapsed'], 1e-9):.1f} output tok/s", refresh=False
-                    )
                     bar.update(len(finished))
                     done, finished = finished, refill()
                     yield done
@@ -261,6 +264,35 @@ class VLLMBackend(LLMBackend):
                 except Exception:  # a broken engine cannot abort; nothing more to free
                     pass
             bar.close()
+
+
+class TokenMeter:
+    """The progress bar's output-token count, moving while replies are written: vLLM's offline
+    engine reports a request only when it finishes (minutes on a CPU), so each request in the
+    engine counts one token per engine step until then (an estimate: a request waiting for its
+    prefill counts too), and its true count once it finishes."""
+
+    def __init__(self, bar, every_s: float = 1.0):
+        self.bar, self.every_s, self.shown = bar, every_s, 0.0
+        self.finished_tokens, self.steps = 0, dict[str, int]()
+
+    def step(self, in_engine) -> None:
+        for request_id in in_engine:
+            self.steps[request_id] = self.steps.get(request_id, 0) + 1
+
+    def finish(self, request_id: str, output_tokens: int) -> None:
+        self.steps.pop(request_id, None)
+        self.finished_tokens += output_tokens
+
+    def tokens(self) -> int:
+        return self.finished_tokens + sum(self.steps.values())
+
+    def show(self) -> None:
+        now = time.monotonic()
+        if now - self.shown >= self.every_s:
+            self.shown = now
+            elapsed = max(self.bar.format_dict["elapsed"], 1e-9)
+            self.bar.set_postfix_str(f"~{self.tokens():,} output tokens, ~{self.tokens() / elapsed:.1f} tok/s")
 
 
 def engine_settings(config: GenerationConfig, path: str) -> dict:

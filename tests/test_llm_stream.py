@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pyarrow.parquet as pq
@@ -105,3 +106,20 @@ def test_a_request_the_engine_refuses_fails_alone(vllm_backend):
     assert sorted(handed) == [0, 1, 2, 3]
     assert handed[2].error.startswith("vLLM refused the request")
     assert [handed[i].error for i in (0, 1, 3)] == [None, None, None]
+
+
+def test_the_token_meter_moves_before_any_reply_finishes():
+    from tqdm import tqdm
+
+    from qcg_gpu.llm import TokenMeter
+
+    bar = tqdm(total=2, disable=False, file=io.StringIO())
+    meter = TokenMeter(bar, every_s=0.0)
+    for _ in range(3):
+        meter.step(["a", "b"])
+    meter.show()
+    assert meter.tokens() == 6 and "~6 output tokens" in bar.postfix
+    meter.finish("a", 40)  # the true count replaces the estimate
+    meter.step(["b"])
+    meter.show()
+    assert meter.tokens() == 44 and "~44 output tokens" in bar.postfix
