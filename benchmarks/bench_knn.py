@@ -1,6 +1,6 @@
 """kNN graph build: exact against approximate (``--knn approximate``, faiss HNSW), edge recall and time.
 
-On clustered synthetic vectors (``bench_retrieval.clustered_vectors``: 384-d, clusters of ~64),
+On clustered synthetic vectors (``qcg_gpu.bench.clustered_vectors``: 384-d, clusters of ~64),
 for each N: the approximate graph's build time and its edge recall, the share of the exact
 graph's edges it holds, measured on a random sample of rows whose exact rows are searched over
 all N nodes. The exact graph is built whole (and timed) only up to ``--exact-up-to`` nodes: it
@@ -18,20 +18,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_retrieval import clustered_vectors, machine_gflops
+from bench_retrieval import machine_gflops
 
+from qcg_gpu.bench import clustered_vectors, edge_recall, exact_rows
 from qcg_gpu.capabilities import cpu_kind
-from qcg_gpu.knn import degree, knn_graph, rank_candidates, search_candidates, search_width
-
-
-def exact_rows(emb: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
-    """The exact graph's rows ``rows``: searched over every node, ranked like knn_graph."""
-    candidates = search_candidates(emb[rows], emb, search_width(k, len(emb)))
-    return rank_candidates(emb, candidates, k, rows=rows)[0]
-
-
-def edge_recall(got: np.ndarray, want: np.ndarray) -> float:
-    return sum(len(set(a) & set(b)) for a, b in zip(got.tolist(), want.tolist())) / want.size
+from qcg_gpu.knn import degree, knn_graph
 
 
 def main() -> None:

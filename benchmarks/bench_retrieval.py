@@ -23,50 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
+from qcg_gpu.bench import DIM, LibraryRoute, synthetic_index
+from qcg_gpu.bench import synthetic_queries as make_queries
 from qcg_gpu.capabilities import cpu_kind
 from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever, seed_threshold
 from qcg_gpu.retrieval.numpy_backend import BF16_TILE, float32_gemm
 from qcg_gpu.retrieval.result import tile_rows
 from qcg_gpu.retrieval.search import use_prefilter
-
-DIM = 384
-
-
-def clustered_vectors(n_nodes: int, rng: np.random.Generator) -> np.ndarray:
-    """Unit vectors in clusters of ~64 (like the pairs of one corpus): cosine ~0.8 to their
-    cluster's centre, ~0.67 between members, ~0 across clusters."""
-    centers = rng.standard_normal((max(n_nodes // 64, 1), DIM)).astype(np.float32)
-    x = np.empty((n_nodes, DIM), np.float32)
-    for start in range(0, n_nodes, 65536):
-        part = slice(start, min(start + 65536, n_nodes))
-        count = part.stop - part.start
-        x[part] = centers[rng.integers(0, len(centers), count)] + 0.7 * rng.standard_normal(
-            (count, DIM), dtype=np.float32
-        )
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
-    return x
-
-
-def synthetic_index(n_nodes: int, k: int = 2, nodes_per_chunk: int = 16, seed: int = 0) -> QCGIndex:
-    """Clustered unit vectors, random fixed-degree kNN edges (speed does not depend on which nodes
-    are linked), 16 nodes per chunk (20 pairs, alpha 0.8)."""
-    rng = np.random.default_rng(seed)
-    x = clustered_vectors(n_nodes, rng)
-    indices = rng.integers(0, n_nodes - 1, (n_nodes, k))
-    indices += indices >= np.arange(n_nodes)[:, None]  # no self-loops
-    indptr = np.arange(n_nodes + 1, dtype=np.int64) * k
-    node_chunk = np.arange(n_nodes, dtype=np.int64) // nodes_per_chunk
-    return QCGIndex(None, {}, x, indptr, indices.reshape(-1).astype(np.int64), node_chunk, int(node_chunk[-1]) + 1)
-
-
-def make_queries(index: QCGIndex, b: int, seed: int = 1) -> np.ndarray:
-    """Perturbed nodes: cosine ~0.8 to their source node and ~0.5 to its cluster, so that
-    gamma = 1.5 selects seeds as on real data."""
-    rng = np.random.default_rng(seed)
-    q = index.node_embeddings[rng.integers(0, len(index.node_embeddings), b)] + 0.04 * rng.standard_normal(
-        (b, DIM), dtype=np.float32
-    )
-    return (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
 
 
 def loop_search(index: QCGIndex, queries: np.ndarray, config: RetrievalConfig):
@@ -90,39 +53,6 @@ def loop_search(index: QCGIndex, queries: np.ndarray, config: RetrievalConfig):
         ranked = sorted(((-(s / c)), chunk) for chunk, (s, c) in sums.items())[: config.top_k]
         out.append([chunk for _, chunk in ranked])
     return out
-
-
-class LibraryRoute:
-    """Retrieval in ~40 lines of faiss and numpy, batched (the baseline issue 18 counts)."""
-
-    def __init__(self, index: QCGIndex):
-        import faiss
-
-        self.index = index
-        self.flat = faiss.IndexFlatIP(index.dim)
-        self.flat.add(index.node_embeddings)
-        self.neighbors = index.knn_indices.reshape(len(index.node_embeddings), -1)
-
-    def search(self, queries: np.ndarray, config: RetrievalConfig) -> list[list[int]]:
-        index, b = self.index, len(queries)
-        sims, ids = self.flat.search(queries, config.n)
-        frontier = np.where(sims >= seed_threshold(config.gamma), ids, -1)
-        reached = [frontier]
-        for _ in range(config.hops):
-            frontier = np.where(frontier[:, :, None] >= 0, self.neighbors[frontier], -1).reshape(b, -1)
-            reached.append(frontier)
-        selected = np.sort(np.concatenate(reached, axis=1), axis=1)
-        valid = selected >= 0
-        valid[:, 1:] &= selected[:, 1:] != selected[:, :-1]  # each node once
-        node_sims = np.einsum("bsd,bd->bs", index.node_embeddings[np.maximum(selected, 0)], queries)
-        rows, cols = np.nonzero(valid)
-        keys = rows * index.n_chunks + index.node_chunk[selected[rows, cols]]
-        unique, inverse = np.unique(keys, return_inverse=True)
-        means = np.bincount(inverse, weights=node_sims[rows, cols]) / np.bincount(inverse)
-        query_of, chunk_of = unique // index.n_chunks, unique % index.n_chunks
-        order = np.lexsort((chunk_of, -means, query_of))  # per query: best mean first, ties by lower chunk id
-        starts = np.searchsorted(query_of[order], np.arange(b + 1))
-        return [chunk_of[order[starts[q] : min(starts[q + 1], starts[q] + config.top_k)]].tolist() for q in range(b)]
 
 
 def gemm_seconds(index: QCGIndex, queries: np.ndarray, backend: str, prefilter: bool, device: str) -> float:

@@ -7,6 +7,7 @@
 ``check``      ``qcg check``
 ``models``     ``qcg models [list|install NAME]``
 ``corpus``     ``qcg corpus``
+``bench``      ``qcg bench``: this machine's speed at each step
 ``init``       ``qcg init``: a config file with every default (any command reads one with ``--config``)
 ``options``    options made from the config dataclasses, shared by the subcommands
 =============  ===================================================================
@@ -22,10 +23,10 @@ import sys
 
 from ..errors import QCGError
 from ..log import set_verbosity
-from . import check, corpus, evaluate, index, init, models, query
+from . import bench, check, corpus, evaluate, index, init, models, query
 from .options import apply_config_file, pop_config_file
 
-SUBCOMMANDS = (index, query, evaluate, check, models, corpus, init)
+SUBCOMMANDS = (index, query, evaluate, check, models, corpus, bench, init)
 
 
 def build_parser() -> argparse.ArgumentParser:

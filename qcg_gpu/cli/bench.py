@@ -1,0 +1,36 @@
+"""``qcg bench``: this machine's speed at each step (``qcg_gpu/bench.py``), as tables and JSON."""
+
+from __future__ import annotations
+
+from ..bench import BenchConfig
+from ..config import RetrievalConfig
+from .options import add_options, fill
+
+
+def add_parser(commands) -> None:
+    bench = commands.add_parser(
+        "bench",
+        help="measure retrieval (against faiss+numpy and torch.topk), kNN, embedding and Doc2Query speed here",
+        description="Measure this machine: retrieval q/s per backend next to the faiss+numpy and torch.topk routes "
+        "on a synthetic index, kNN build (exact and approximate), embedding texts/s, and Doc2Query output tok/s "
+        "against the bare vLLM engine. Prints a table per part (and JSON with --json).",
+    )
+    add_options(bench, BenchConfig(), "bench options")
+    add_options(bench, RetrievalConfig(), "retrieval settings", only=("gamma", "n", "hops", "top_k"))
+    bench.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from ..bench import format_table, write_json
+    from ..bench import run as measure
+
+    config = fill(BenchConfig(), args).validate()
+    retrieval = fill(RetrievalConfig(gamma=1.5, n=10, hops=1, top_k=5), args)
+    rows = []
+    for row in measure(config, retrieval):
+        rows.append(row)
+        print({k: v for k, v in row.items() if k != "cpu"}, flush=True)  # each row as it is measured
+    print(format_table(rows))
+    if config.json:
+        write_json(rows, config.json)
+    return 0

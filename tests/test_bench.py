@@ -1,0 +1,74 @@
+"""``qcg bench`` on real components: faiss, numba and torch retrieval, the real embedder and vLLM."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from qcg_gpu import bench
+from qcg_gpu.bench import BenchConfig
+from qcg_gpu.cli import main
+from qcg_gpu.config import RetrievalConfig
+from qcg_gpu.retrieval import Retriever
+
+from .conftest import sample_docs
+
+
+def test_the_routes_a_user_would_write_find_our_chunks():
+    index = bench.synthetic_index(3000)
+    queries = bench.synthetic_queries(index, 300)
+    config = RetrievalConfig(gamma=1.5, n=10, hops=1, top_k=5)
+    ours = [[c for c in row if c >= 0] for row in Retriever(index, config).search(queries).chunk_ids.tolist()]
+    for route in (bench.LibraryRoute(index), bench.TopkRoute(index)):
+        theirs = route.search(queries, config)
+        assert sum(a == b for a, b in zip(ours, theirs)) >= 0.98 * len(queries)  # near-ties may order differently
+    assert sum(map(len, ours)) > 3 * len(queries)  # the queries find seeds: the comparison is not of empty lists
+
+
+def test_qcg_bench_prints_tables_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--parts", "retrieval,knn,embedding", "--nodes", "4000", "--batch", "200,400"]
+    assert main(argv + ["--backends", "numpy,torch", "--repeat", "1", "--texts", "64", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    retrieval = [r for r in rows if r["part"] == "retrieval"]
+    assert [(r["backend"], r["batch"]) for r in retrieval] == [
+        ("numpy", 200),
+        ("numpy", 400),
+        ("torch", 200),
+        ("torch", 400),
+    ]
+    for r in retrieval:
+        assert min(r["queries_per_s"], r["library_queries_per_s"], r["topk_queries_per_s"]) > 0
+        agree, total = map(int, r["equal_to_library"].split(" of "))
+        assert total == r["batch"] and agree >= 0.98 * total
+    (knn,) = [r for r in rows if r["part"] == "knn"]
+    assert knn["nodes"] == 4000 and knn["edge_recall"] > 0.9 and knn["exact_build_s"] is not None
+    assert {r["texts"] for r in rows if r["part"] == "embedding"} == {"short", "long"}
+    assert all(r["cpu"] for r in rows)
+    printed = capsys.readouterr().out
+    assert "### retrieval" in printed and "### knn" in printed and "### embedding" in printed
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--parts", "retrieval,speed"], "unknown bench part(s) ['speed']"),
+        (["--parts", "doc2query"], "the doc2query part needs --docs"),
+        (["--nodes", "10k"], "--nodes takes comma-separated integers"),
+    ],
+)
+def test_bad_bench_options_are_refused_in_one_line(argv, message, capsys):
+    assert main(["bench", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.llm
+def test_doc2query_is_measured_against_the_bare_engine(tmp_path, vllm_backend):
+    docs = sample_docs(tmp_path / "docs", 2)
+    config = BenchConfig(parts="doc2query", docs=str(docs), limit=2, m=2, repeat=1)
+    (row,) = bench.doc2query_rows(config.validate(), vllm_backend)
+    assert row["chunks"] == 2 and row["llm"] == vllm_backend.model_name
+    assert row["engine_output_tok_per_s"] > 0 and row["bare_output_tok_per_s"] > 0
+    assert np.isclose(row["engine_over_bare"], row["engine_output_tok_per_s"] / row["bare_output_tok_per_s"], rtol=0.01)
