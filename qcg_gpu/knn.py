@@ -18,7 +18,7 @@ an update can change (incremental indexing).
 
 Exact search is O(N^2). Past a few million nodes on CPU, ``ef_search`` swaps step 1 for a faiss
 HNSW graph search (:func:`hnsw_candidates`): step 2 still ranks what it finds exactly, but a true
-neighbour it misses is missed (edge recall: ``benchmarks/bench_knn.py``). Updates of such a graph
+neighbour it misses is missed (edge recall: ``qcg bench --parts knn``). Updates of such a graph
 search their rows exactly, so the rows an update touches become exact and the rest stay as built.
 """
 
