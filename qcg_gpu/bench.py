@@ -49,7 +49,7 @@ class BenchConfig:
         "numpy,torch", "Retrieval backends, comma-separated; backend:off|bf16 forces the prefilter (default auto)."
     )
     device: str = option("cpu", "Torch device of the torch backend and the topk route (cuda on a GPU).")
-    knn_ef: int = option(64, "HNSW search breadth of the approximate kNN graph (knn).")
+    knn_probes: int = option(16, "IVF lists searched per node by the approximate kNN graph (knn).")
     texts: int = option(2000, "Texts per embedding measurement (embedding).")
     docs: str | None = option(None, "Documents whose chunks are the Doc2Query prompts (doc2query).")
     model: str | None = option(None, "LLM of the doc2query part (default: the bundled one).")
@@ -258,7 +258,7 @@ def knn_rows(config: BenchConfig, k: int, sample: int = 2000, exact_up_to: int =
             knn_graph(emb, k_eff)
             exact_s = time.perf_counter() - start
         start = time.perf_counter()
-        approx = knn_graph(emb, k_eff, ef_search=config.knn_ef)
+        approx = knn_graph(emb, k_eff, probes=config.knn_probes)
         approx_s = time.perf_counter() - start
         yield {
             "part": "knn",
@@ -268,7 +268,7 @@ def knn_rows(config: BenchConfig, k: int, sample: int = 2000, exact_up_to: int =
             # N / sample times the sampled rows: an estimate (a few rows search slower per row than all)
             "exact_build_s_estimated": round(sample_s * n / len(rows), 1),
             "approximate_build_s": round(approx_s, 1),
-            "ef": config.knn_ef,
+            "probes": config.knn_probes,
             "edge_recall": round(edge_recall(approx.indices.reshape(n, k_eff)[rows], want), 4),
             "recall_rows": len(rows),
         }

@@ -279,23 +279,25 @@ class GraphConfig:
     )
     knn: str = option(
         "exact",
-        "kNN graph: exact (every pair compared: O(N^2), fine to ~1M nodes on a GPU) or approximate (faiss HNSW "
-        "candidates ranked exactly: for millions of nodes on CPU; may miss true edges, see benchmarks/RESULTS.md). "
-        "Updates (--add/--remove) search their rows exactly either way.",
+        "kNN graph: exact (every pair compared: O(N^2), fine to ~1M nodes on a GPU) or approximate (faiss IVF "
+        "candidates ranked exactly: for a million nodes and more on CPU; may miss true edges, see "
+        "benchmarks/RESULTS.md). Updates (--add/--remove) search their rows exactly either way.",
         ("exact", "approximate"),
     )
-    knn_ef: int = option(64, "Approximate kNN: HNSW search breadth (faiss efSearch); higher finds more true edges.")
+    knn_probes: int = option(
+        16, "Approximate kNN: k-means lists (of ~4 sqrt(N)) searched per node (faiss nprobe); more finds more edges."
+    )
 
     def validate(self) -> GraphConfig:
         if self.knn_k < 1:
             raise QCGError(f"knn_k must be >= 1, got {self.knn_k}")
-        if self.knn_ef < 1:
-            raise QCGError(f"knn_ef must be >= 1, got {self.knn_ef}")
+        if self.knn_probes < 1:
+            raise QCGError(f"knn_probes must be >= 1, got {self.knn_probes}")
         return self
 
-    def ef_search(self) -> int | None:
-        """The HNSW search breadth of an approximate graph; None for an exact one."""
-        return self.knn_ef if self.knn == "approximate" else None
+    def probes(self) -> int | None:
+        """The IVF lists searched per node of an approximate graph; None for an exact one."""
+        return self.knn_probes if self.knn == "approximate" else None
 
 
 @dataclass

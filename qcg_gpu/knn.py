@@ -16,9 +16,10 @@ So faiss, torch CPU and torch CUDA give the same graph. :func:`add_nodes` and
 :func:`remove_nodes` update a graph to the one a rebuild would give, searching only the rows
 an update can change (incremental indexing).
 
-Exact search is O(N^2). Past a few million nodes on CPU, ``ef_search`` swaps step 1 for a faiss
-HNSW graph search (:func:`hnsw_candidates`): step 2 still ranks what it finds exactly, but a true
-neighbour it misses is missed (edge recall: ``qcg bench --parts knn``). Updates of such a graph
+Exact search is O(N^2). Past a million nodes on CPU, ``probes`` swaps step 1 for a faiss IVF
+search (:func:`ivf_candidates`: each node compared with the nodes of its ``probes`` nearest
+k-means lists only): step 2 still ranks what it finds exactly, but a true neighbour it misses is
+missed (edge recall: ``qcg bench --parts knn``). Updates of such a graph
 search their rows exactly, so the rows an update touches become exact and the rest stay as built.
 """
 
@@ -33,7 +34,7 @@ from .errors import QCGError
 from .log import progress_bar
 
 CANDIDATE_MARGIN = 8
-HNSW_LINKS = 32  # faiss HNSW M: links per node and layer (faiss' recommended 16-64)
+IVF_TRAIN_PER_LIST = 39  # faiss' minimum of training points per k-means centroid
 RERANK_TILE_ROWS = 2048
 SIMILARITY_TILE_ELEMENTS = 1 << 28  # 1 GiB of float32 similarities per tile
 
@@ -66,19 +67,19 @@ def search_width(k: int, n: int) -> int:
 
 
 def knn_graph(
-    embeddings: np.ndarray, k: int, backend: str = "auto", device: str | None = None, ef_search: int | None = None
+    embeddings: np.ndarray, k: int, backend: str = "auto", device: str | None = None, probes: int | None = None
 ) -> KnnGraph:
     """kNN graph of unit-length ``embeddings`` (N, d); each row gets min(k, N - 1) edges. Exact,
-    or with ``ef_search`` approximate: HNSW candidates of that search breadth, ranked exactly."""
+    or with ``probes`` approximate: IVF candidates from that many lists per node, ranked exactly."""
     emb = np.ascontiguousarray(embeddings, dtype=np.float32)
     n = len(emb)
     k_eff = degree(k, n)
     if k_eff == 0:
         return KnnGraph.from_rows(np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32))
-    if ef_search is None:
+    if probes is None:
         candidates = search_candidates(emb, emb, search_width(k_eff, n), backend, device)
     else:
-        candidates = hnsw_candidates(emb, search_width(k_eff, n), ef_search)
+        candidates = ivf_candidates(emb, search_width(k_eff, n), probes)
     return KnnGraph.from_rows(*rank_candidates(emb, candidates, k_eff))
 
 
@@ -165,21 +166,25 @@ def faiss_candidates(queries: np.ndarray, base: np.ndarray, width: int) -> np.nd
     return ids.astype(np.int64)
 
 
-def hnsw_candidates(emb: np.ndarray, width: int, ef_search: int) -> np.ndarray:
-    """The ``width`` nodes a faiss HNSW graph search finds nearest to each node (-1 where it finds fewer)."""
+def ivf_candidates(emb: np.ndarray, width: int, probes: int) -> np.ndarray:
+    """The ``width`` nodes nearest to each node among those of its ``probes`` nearest inverted lists
+    (a faiss IVF-Flat index: ~4 sqrt(N) lists, k-means on a fixed sample); -1 where fewer are found."""
     faiss = require("faiss")
-    index = faiss.IndexHNSWFlat(emb.shape[1], HNSW_LINKS, faiss.METRIC_INNER_PRODUCT)
-    index.hnsw.efConstruction = max(ef_search, 40)
-    index.hnsw.efSearch = max(ef_search, width)
-    ids = np.empty((len(emb), width), np.int64)
+    n, dim = emb.shape
+    lists = int(max(1, min(4 * np.sqrt(n), n // IVF_TRAIN_PER_LIST)))
+    index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, lists, faiss.METRIC_INNER_PRODUCT)
+    sample = np.random.default_rng(0).choice(n, min(n, lists * 64), replace=False)
+    index.train(emb[np.sort(sample)])
+    index.nprobe = min(probes, lists)
+    ids = np.empty((n, width), np.int64)
     block = 65536
-    with progress_bar(total=2 * len(emb), desc="HNSW kNN", unit="node", disable=len(emb) <= block) as bar:
-        for start in range(0, len(emb), block):  # add in blocks: the bar moves during the long build
+    with progress_bar(total=2 * n, desc="IVF kNN", unit="node", disable=n <= block) as bar:
+        for start in range(0, n, block):  # in blocks: the bar moves during a long build
             index.add(emb[start : start + block])
-            bar.update(min(block, len(emb) - start))
-        for start in range(0, len(emb), block):
+            bar.update(min(block, n - start))
+        for start in range(0, n, block):
             ids[start : start + block] = index.search(emb[start : start + block], width)[1]
-            bar.update(min(block, len(emb) - start))
+            bar.update(min(block, n - start))
     return ids
 
 

@@ -217,7 +217,7 @@ def build_nodes(
 def check_cluster_graph(config: IndexConfig) -> None:
     """A Ray cluster builds exact graphs only (checked before any model loads)."""
     if config.graph.knn == "approximate":
-        raise QCGError("--knn approximate builds its HNSW graph in one process; drop --ray or use --knn exact")
+        raise QCGError("--knn approximate builds its IVF graph in one process; drop --ray or use --knn exact")
 
 
 def build_graph(node_embeddings: np.ndarray, config: IndexConfig, cluster=None) -> KnnGraph:
@@ -226,7 +226,7 @@ def build_graph(node_embeddings: np.ndarray, config: IndexConfig, cluster=None) 
     if cluster is not None:
         check_cluster_graph(config)
         return cluster.knn_graph(node_embeddings, graph.knn_k, graph.knn_backend, config.nodes.device)
-    return knn_graph(node_embeddings, graph.knn_k, graph.knn_backend, config.nodes.device, graph.ef_search())
+    return knn_graph(node_embeddings, graph.knn_k, graph.knn_backend, config.nodes.device, graph.probes())
 
 
 def index_tables(

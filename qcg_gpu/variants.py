@@ -45,7 +45,7 @@ def derive_index(
     else:
         node_emb, node_chunk = _rebuild_nodes(index, alpha, nodes, embedder, max_pairs)
     graph_config = IndexConfig.from_dict(settings).graph  # an index from before --knn: exact
-    graph = knn_graph(node_emb, knn_k, graph_config.knn_backend, settings["nodes"]["device"], graph_config.ef_search())
+    graph = knn_graph(node_emb, knn_k, graph_config.knn_backend, settings["nodes"]["device"], graph_config.probes())
 
     settings["nodes"].update(alpha=alpha, nodes=nodes)
     settings["graph"]["knn_k"] = knn_k

@@ -135,7 +135,7 @@ def test_bad_config_files_are_refused_in_one_line(tmp_path, capsys, text, messag
 
 def test_an_approximate_graph_on_ray_is_refused_before_a_cluster_starts(capsys):
     assert main(["index", "build", "docs", "out", "--knn", "approximate", "--ray"]) == 2
-    assert "--knn approximate builds its HNSW graph in one process" in capsys.readouterr().err
+    assert "--knn approximate builds its IVF graph in one process" in capsys.readouterr().err
 
 
 def test_init_writes_every_default(tmp_path, capsys):

@@ -71,7 +71,7 @@ def test_tiny_graphs_grow_and_shrink():
 def test_updates_of_an_approximate_graph_search_their_rows_exactly():
     emb = clustered(3, 1200)
     old, new = emb[:1000], emb[1000:]
-    approx = knn_graph(old, 2, ef_search=1)
+    approx = knn_graph(old, 2, probes=1)
     grown = add_nodes(approx, old, new, 2)
     exact = knn_graph(emb, 2).indices.reshape(len(emb), 2)
     rows = grown.indices.reshape(len(emb), 2)
