@@ -31,7 +31,7 @@ import numpy as np
 from .capabilities import cpu_kind, require
 from .config import IndexConfig, RetrievalConfig, option
 from .errors import QCGError
-from .knn import degree, knn_graph, rank_candidates, search_candidates, search_width
+from .knn import degree, exact_rows, knn_graph
 from .retrieval import QCGIndex, Retriever, seed_threshold
 from .retrieval.result import tile_rows
 from .retrieval.search import use_prefilter
@@ -230,12 +230,6 @@ def retrieval_rows(config: BenchConfig, retrieval: RetrievalConfig):
                 }
 
 
-def exact_rows(emb: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
-    """Rows ``rows`` of the exact kNN graph: searched over every node, ranked like :func:`knn_graph`."""
-    candidates = search_candidates(emb[rows], emb, search_width(k, len(emb)))
-    return rank_candidates(emb, candidates, k, rows=rows)[0]
-
-
 def edge_recall(got: np.ndarray, want: np.ndarray) -> float:
     """Share of the edges of ``want`` (rows of neighbour ids) that ``got`` holds in the same row."""
     return sum(len(set(a) & set(b)) for a, b in zip(got.tolist(), want.tolist())) / max(want.size, 1)
@@ -250,7 +244,7 @@ def knn_rows(config: BenchConfig, k: int, sample: int = 2000, exact_up_to: int =
         k_eff = degree(k, n)
         rows = np.sort(rng.choice(n, min(sample, n), replace=False))
         start = time.perf_counter()
-        want = exact_rows(emb, rows, k_eff)
+        want = exact_rows(emb, rows, k_eff)[0]
         sample_s = time.perf_counter() - start
         exact_s = None
         if n <= exact_up_to:
@@ -341,7 +335,7 @@ def doc2query_rows(config: BenchConfig, backend=None):
 def run(config: BenchConfig, retrieval: RetrievalConfig | None = None, k: int = 2):
     """Every row of the parts asked for, each with the CPU's kind."""
     config.validate()
-    retrieval = retrieval or RetrievalConfig(gamma=1.5, n=10, hops=1, top_k=5)  # the paper's LiHuaWorld preset
+    retrieval = retrieval or RetrievalConfig()  # its defaults: the paper's LiHuaWorld preset
     makers = {
         "retrieval": lambda: retrieval_rows(config, retrieval),
         "knn": lambda: knn_rows(config, k),

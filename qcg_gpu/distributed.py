@@ -34,7 +34,7 @@ from .capabilities import require, with_cuda
 from .config import GenerationConfig, NodeConfig, RayConfig
 from .embedding import Windows, encode_whole, shape_batches, token_counts
 from .errors import QCGError
-from .knn import KnnGraph, degree, rank_candidates, search_candidates, search_width
+from .knn import KnnGraph, degree, exact_rows
 from .llm import Completion, LLMBackend, SamplingSpec, llm_name
 from .log import progress_bar, quiet, show_progress
 from .models import DEFAULT_EMBEDDER, resolve_model
@@ -96,10 +96,7 @@ class RayCluster:
         shared = self.ray.put(emb)
         blocks = [b for b in np.array_split(np.arange(n), self.workers * 4) if len(b)]
         task = self.ray.remote(**self.worker_resources)(_knn_rows)
-        futures = [
-            task.remote(shared, int(b[0]), int(b[-1]) + 1, k_eff, search_width(k_eff, n), backend, device)
-            for b in blocks
-        ]
+        futures = [task.remote(shared, int(b[0]), int(b[-1]) + 1, k_eff, backend, device) for b in blocks]
         parts = gather(self.ray, futures, "kNN blocks")
         return KnnGraph.from_rows(np.concatenate([ids for ids, _ in parts]), np.concatenate([s for _, s in parts]))
 
@@ -120,10 +117,8 @@ class RayCluster:
         return self._shared[id(obj)][1]
 
 
-def _knn_rows(emb: np.ndarray, start: int, stop: int, k: int, width: int, backend: str, device: str | None):
-    rows = np.arange(start, stop)
-    candidates = search_candidates(emb[start:stop], emb, width, backend, device)
-    return rank_candidates(emb, candidates, k, rows=rows)
+def _knn_rows(emb: np.ndarray, start: int, stop: int, k: int, backend: str, device: str | None):
+    return exact_rows(emb, np.arange(start, stop), k, backend, device)
 
 
 def gather(ray, futures: list, desc: str | None = None) -> list:

@@ -116,9 +116,7 @@ def add_nodes(
             )
             for row in changed[scores[changed, -1] <= weakest_new.astype(np.float32)]:
                 ids[row], scores[row] = _rank_row_fully(emb, row, k_eff)
-    new_rows = np.arange(n_old, n)
-    candidates = search_candidates(emb[n_old:], emb, search_width(k_eff, n), backend, device)
-    ids[n_old:], scores[n_old:] = rank_candidates(emb, candidates, k_eff, rows=new_rows)
+    ids[n_old:], scores[n_old:] = exact_rows(emb, np.arange(n_old, n), k_eff, backend, device)
     return KnnGraph.from_rows(ids, scores)
 
 
@@ -138,9 +136,16 @@ def remove_nodes(
     scores = graph.scores.reshape(len(emb), -1)[keep].copy()
     lost = np.flatnonzero((ids < 0).any(axis=1))
     if len(lost):
-        candidates = search_candidates(kept[lost], kept, search_width(k_eff, n), backend, device)
-        ids[lost], scores[lost] = rank_candidates(kept, candidates, k_eff, rows=lost)
+        ids[lost], scores[lost] = exact_rows(kept, lost, k_eff, backend, device)
     return KnnGraph.from_rows(ids, scores)
+
+
+def exact_rows(
+    emb: np.ndarray, rows: np.ndarray, k: int, backend: str = "auto", device: str | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``rows`` of the exact kNN graph of ``emb`` (ids, scores): searched over every node, ranked exactly."""
+    candidates = search_candidates(emb[rows], emb, search_width(k, len(emb)), backend, device)
+    return rank_candidates(emb, candidates, k, rows=rows)
 
 
 def search_candidates(

@@ -291,8 +291,8 @@ class TokenMeter:
         now = time.monotonic()
         if now - self.shown >= self.every_s:
             self.shown = now
-            elapsed = max(self.bar.format_dict["elapsed"], 1e-9)
-            self.bar.set_postfix_str(f"~{self.tokens():,} output tokens, ~{self.tokens() / elapsed:.1f} tok/s")
+            tokens, elapsed = self.tokens(), max(self.bar.format_dict["elapsed"], 1e-9)
+            self.bar.set_postfix_str(f"~{tokens:,} output tokens, ~{tokens / elapsed:.1f} tok/s")
 
 
 def engine_settings(config: GenerationConfig, path: str) -> dict:

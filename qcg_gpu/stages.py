@@ -223,8 +223,7 @@ def check_cluster_graph(config: IndexConfig) -> None:
 def build_graph(node_embeddings: np.ndarray, config: IndexConfig, cluster=None) -> KnnGraph:
     """The kNN graph of the nodes: in this process, or (exact only) as row blocks on a Ray ``cluster``."""
     graph = config.graph
-    if cluster is not None:
-        check_cluster_graph(config)
+    if cluster is not None:  # build_index refused an approximate graph before loading any model
         return cluster.knn_graph(node_embeddings, graph.knn_k, graph.knn_backend, config.nodes.device)
     return knn_graph(node_embeddings, graph.knn_k, graph.knn_backend, config.nodes.device, graph.probes())
 

@@ -25,7 +25,7 @@ def run(args) -> int:
     from ..bench import run as measure
 
     config = fill(BenchConfig(), args).validate()
-    retrieval = fill(RetrievalConfig(gamma=1.5, n=10, hops=1, top_k=5), args)
+    retrieval = fill(RetrievalConfig(), args)
     rows = []
     for row in measure(config, retrieval):
         rows.append(row)
