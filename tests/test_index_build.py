@@ -17,7 +17,6 @@ from qcg_gpu.knn import knn_graph
 from qcg_gpu.llm import Completion, LLMBackend
 from qcg_gpu.nodes import split_sentences
 
-from .conftest import qcg
 from .test_knn import brute_force
 
 pytestmark = pytest.mark.llm
@@ -37,9 +36,12 @@ class Recording(LLMBackend):
         return [self.fault(i, c) if self.fault else c for i, c in enumerate(completions)]
 
 
+M = 2  # pairs asked per chunk: the tests' replies stay short, since every generating test waits for them
+
+
 def _config(tmp_path, **node_options) -> IndexConfig:
     config = IndexConfig()
-    config.generation.m = 4
+    config.generation.m = M
     config.generation.cache = str(tmp_path / "cache.sqlite")
     config.nodes.alpha = 0.5
     config.nodes.device = "cpu"
@@ -65,7 +67,7 @@ def test_index_on_disk_format(built, embedder):
     assert llm.asked == [4]  # one batched call for the 4 chunks
     assert len(chunks) == summary.chunks == 4 and [c["chunk_id"] for c in chunks] == [0, 1, 2, 3]
     assert {c["doc_id"] for c in chunks} == {"20260105_1100", "20260105_1400", "20260106_0900", "20260106_1300"}
-    assert manifest["counts"]["chunks"] == 4 and manifest["settings"]["generation"]["m"] == 4
+    assert manifest["counts"]["chunks"] == 4 and manifest["settings"]["generation"]["m"] == M
     assert manifest["models"]["llm"].startswith("SmolLM2") and manifest["models"]["embedder"].startswith("all-MiniLM")
     assert manifest["llm_tokens"]["output"] > 0 and manifest["llm_tokens"]["prompt"] > 0
     assert set(manifest["stage_seconds"]) >= {"chunk", "generate", "embed", "knn"}
@@ -76,7 +78,7 @@ def test_index_on_disk_format(built, embedder):
     assert len(pairs) == summary.pairs_valid > 0 and len(pair_emb) == len(pairs)
     for cid in range(4):
         mine = [p for p in pairs if p["chunk_id"] == cid]
-        assert len(mine) <= 4 and [p["gen_index"] for p in mine] == list(range(len(mine)))
+        assert len(mine) <= M and [p["gen_index"] for p in mine] == list(range(len(mine)))
         best = sorted(mine, key=lambda p: (-p["score"], p["gen_index"]))[: math.ceil(0.5 * len(mine))]
         assert {p["gen_index"] for p in mine if p["kept"]} == {p["gen_index"] for p in best}
         assert chunks[cid]["n_pairs"] == len(mine) and chunks[cid]["n_kept"] == len(best)
@@ -144,7 +146,7 @@ def test_stored_replies_replay_a_generation_without_loading_an_llm(
     np.testing.assert_array_equal(load_array(tmp_path / "replayed", "knn_indices"), load_array(index, "knn_indices"))
 
 
-def test_a_stored_generation_rebuilds_its_index_with_no_other_flag(tmp_path, few_docs, vllm_backend, embedder):
+def test_a_stored_generation_rebuilds_its_index_with_no_other_flag(tmp_path, few_docs, vllm_backend, embedder, cli):
     """The replies file records the settings its keys were made with: `qcg index DOCS OUT --replies-in FILE`
     rebuilds the same index, with no LLM, and says how much of the corpus the file covered."""
     config = _config(tmp_path)
@@ -156,7 +158,7 @@ def test_a_stored_generation_rebuilds_its_index_with_no_other_flag(tmp_path, few
     assert stored["generation"]["prompt"] == "self-contained" and stored["chunking"]["chunk_tokens"] == 150
     assert "cache" not in stored["generation"] and "backend" not in stored["generation"]  # how it ran is no setting
 
-    result = qcg(
+    result = cli(
         "index",
         few_docs,
         tmp_path / "replayed",
@@ -185,10 +187,10 @@ def test_a_build_that_changes_a_stored_generations_settings_says_so(tmp_path, fe
     config.generation.replies_out = str(tmp_path / "replies.parquet")
     build_index(few_docs, tmp_path / "made", config, llm=vllm_backend, embedder=embedder)
     other = _config(tmp_path / "fresh")  # an empty cache of its own
-    other.generation.m, other.generation.replies_in = 2, str(tmp_path / "replies.parquet")
+    other.generation.m, other.generation.replies_in = M + 1, str(tmp_path / "replies.parquet")
     summary = build_index(few_docs, tmp_path / "other", other, llm=vllm_backend, embedder=embedder)
     assert summary.stored_chunks == 0 and summary.generated_chunks == 4
-    assert any("generation.m=4" in note and "uses 2" in note for note in summary.notes)
+    assert any(f"generation.m={M}" in note and f"uses {M + 1}" in note for note in summary.notes)
     assert "note: " in summary.format()
 
 
@@ -276,7 +278,7 @@ def test_llm_faults_are_counted_and_failed_chunks_retried(tmp_path, few_docs, vl
     assert llm.asked == [1] and retry.generated_chunks == 1 and not retry.failed_chunks
 
 
-def test_retry_regenerates_only_the_failed_chunks_and_equals_a_rebuild(tmp_path, few_docs, vllm_backend, embedder):
+def test_retry_regenerates_only_the_failed_chunks_and_equals_a_rebuild(tmp_path, few_docs, vllm_backend, embedder, cli):
     import json
 
     from qcg_gpu.incremental import retry_failed
@@ -289,7 +291,7 @@ def test_retry_regenerates_only_the_failed_chunks_and_equals_a_rebuild(tmp_path,
     manifest = read_manifest(tmp_path / "idx")
     [(failed_doc, error)] = manifest["failed_documents"].items()
     assert "engine died" in error
-    report = qcg("check", tmp_path / "idx")
+    report = cli("check", tmp_path / "idx")
     assert report.returncode == 0 and f"FAILED document {failed_doc}: RuntimeError: engine died" in report.stdout
 
     llm = Recording(vllm_backend)

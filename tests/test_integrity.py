@@ -16,7 +16,7 @@ from qcg_gpu.errors import QCGError
 from qcg_gpu.index_format import _sha256, data_dir
 from qcg_gpu.retrieval import QCGIndex
 
-from .conftest import qcg, sample_docs
+from .conftest import sample_docs
 
 
 @pytest.fixture(scope="module")
@@ -45,22 +45,22 @@ def _rewrite(index, name: str, array: np.ndarray) -> None:
     (index / "manifest.json").write_text(json.dumps(manifest))
 
 
-def test_sound_index_passes(index):
+def test_sound_index_passes(index, cli):
     assert check_index(index) == []
-    result = qcg("check", index)
+    result = cli("check", index)
     assert result.returncode == 0 and "sound" in result.stdout
 
 
-def test_flipped_byte_is_found_and_refused(index):
+def test_flipped_byte_is_found_and_refused(index, cli):
     path = data_dir(index) / "node_embeddings.npy"
     data = bytearray(path.read_bytes())
     data[-5] ^= 0x40  # one bit in the last embedding
     path.write_bytes(bytes(data))
     problems = check_index(index)
     assert len(problems) == 1 and "node_embeddings.npy does not match its checksum" in problems[0]
-    result = qcg("check", index)
+    result = cli("check", index)
     assert result.returncode == 1 and "PROBLEM" in result.stdout
-    result = qcg("query", index, "--query", "house rules", "--gamma", "1.0")
+    result = cli("query", index, "--query", "house rules", "--gamma", "1.0")
     assert result.returncode == 2 and "does not match its checksum" in result.stderr and "qcg check" in result.stderr
     assert QCGIndex.load(index, verify=False).node_embeddings.shape[0] > 0  # opting out of verification still loads
 
@@ -93,14 +93,14 @@ def test_embeddings_that_are_not_unit_length(index):
     assert len(problems) == 1 and "chunk_embeddings rows are not unit length (worst |norm - 1| = 1)" in problems[0]
 
 
-def test_missing_and_foreign_files(index, tmp_path):
+def test_missing_and_foreign_files(index, tmp_path, cli):
     (data_dir(index) / "nodes.parquet").unlink()
-    result = qcg("query", index, "--query", "house rules")
+    result = cli("query", index, "--query", "house rules")
     assert result.returncode == 2 and "missing nodes.parquet" in result.stderr
     manifest = json.loads((index / "manifest.json").read_text())
     manifest["format_version"] = 99
     (index / "manifest.json").write_text(json.dumps(manifest))
-    result = qcg("check", index)
+    result = cli("check", index)
     assert result.returncode == 2 and "index format 99" in result.stderr
-    result = qcg("check", tmp_path / "nowhere")
+    result = cli("check", tmp_path / "nowhere")
     assert result.returncode == 2 and "is not a qcg index" in result.stderr

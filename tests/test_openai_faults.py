@@ -13,10 +13,8 @@ import pytest
 
 from qcg_gpu.index_format import read_manifest
 
-from .conftest import qcg
-
 pytestmark = pytest.mark.llm
-TIMEOUT_S = 60  # the client's request timeout: well above a real request here (20 s was hit on a loaded machine)
+TIMEOUT_S = 60  # the client's request timeout: well above a real M = 1 request (~165 tokens; 10 tok/s on a loaded CI)
 
 
 class FaultyProxy:
@@ -67,8 +65,8 @@ class FaultyProxy:
         self.server.shutdown()
 
 
-def _index(proxy, docs, out, cache, *extra):
-    return qcg(
+def _index(cli, proxy, docs, out, cache, *extra):
+    return cli(
         "index",
         docs,
         out,
@@ -79,7 +77,7 @@ def _index(proxy, docs, out, cache, *extra):
         "--model",
         "smollm2",
         "--m",
-        3,
+        1,  # one pair a chunk: short replies, so a real request never nears TIMEOUT_S
         "--concurrency",
         2,
         "--request-timeout",
@@ -91,11 +89,11 @@ def _index(proxy, docs, out, cache, *extra):
     )
 
 
-def test_429_500_and_timeouts_are_retried(vllm_server, few_docs, tmp_path):
+def test_429_500_and_timeouts_are_retried(vllm_server, few_docs, tmp_path, cli):
     faults = {0: 429, 1: 500, 2: "stall", 3: 429}
     proxy = FaultyProxy(vllm_server, lambda n, body: faults.get(n))
     try:
-        result = _index(proxy, few_docs, tmp_path / "idx", tmp_path / "cache.sqlite", "--max-retries", 4)
+        result = _index(cli, proxy, few_docs, tmp_path / "idx", tmp_path / "cache.sqlite", "--max-retries", 4)
     finally:
         proxy.close()
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
@@ -103,13 +101,13 @@ def test_429_500_and_timeouts_are_retried(vllm_server, few_docs, tmp_path):
     assert proxy.seen[:4] == [429, 500, "stall", 429] and proxy.seen.count(None) == 4  # every chunk got through once
 
 
-def test_a_chunk_that_keeps_failing_is_listed_and_retried_on_the_next_run(vllm_server, few_docs, tmp_path):
+def test_a_chunk_that_keeps_failing_is_listed_and_retried_on_the_next_run(vllm_server, few_docs, tmp_path, cli):
     first_doc = sorted(few_docs.glob("*.txt"))[0].read_text().splitlines()[1][:40]  # a line only chunk 0 holds
     broken = FaultyProxy(
         vllm_server, lambda n, body: 500 if first_doc in json.loads(body)["messages"][-1]["content"] else None
     )
     try:
-        result = _index(broken, few_docs, tmp_path / "idx", tmp_path / "cache.sqlite", "--max-retries", 1)
+        result = _index(cli, broken, few_docs, tmp_path / "idx", tmp_path / "cache.sqlite", "--max-retries", 1)
     finally:
         broken.close()
     assert result.returncode == 3, result.stdout[-2000:] + result.stderr[-2000:]
@@ -121,7 +119,7 @@ def test_a_chunk_that_keeps_failing_is_listed_and_retried_on_the_next_run(vllm_s
 
     healthy = FaultyProxy(vllm_server, lambda n, body: None)
     try:
-        rerun = _index(healthy, few_docs, tmp_path / "idx", tmp_path / "cache.sqlite", "--overwrite")
+        rerun = _index(cli, healthy, few_docs, tmp_path / "idx", tmp_path / "cache.sqlite", "--overwrite")
     finally:
         healthy.close()
     assert rerun.returncode == 0 and "1 chunks generated, 3 from cache" in rerun.stdout

@@ -40,22 +40,22 @@ def test_query_text_with_trace(small_index, embedder):
     assert sum(c["n_nodes"] for c in trace["chunks"]) == len(trace["seeds"]) + len(trace["expanded"])
 
 
-def test_query_file_with_blank_lines_and_out_file(small_index, tmp_path):
+def test_query_file_with_blank_lines_and_out_file(small_index, tmp_path, cli):
     path = tmp_path / "q.txt"
     path.write_text("Who is Adam?\n\n   \nWhere does Li Hua live?\n")
     out = tmp_path / "results.jsonl"
-    result = qcg("query", small_index, "--queries", path, "--preset", "multihop-rag", "--out", out)
+    result = cli("query", small_index, "--queries", path, "--preset", "multihop-rag", "--out", out)
     assert result.returncode == 0, result.stderr[-2000:]
     assert [r["query_id"] for r in _records(out.read_text())] == ["1", "4"]
 
 
-def test_trec_runs_of_documents_and_chunks(small_index, tmp_path):
+def test_trec_runs_of_documents_and_chunks(small_index, tmp_path, cli):
     path = tmp_path / "q.txt"
     path.write_text("Who is Adam?\nWhere does Li Hua live?\n")
     args = ["--queries", path, "--gamma", "1.0", "--top-k", "5"]
-    records = _records(qcg("query", small_index, *args).stdout)
-    documents = [line.split() for line in qcg("query", small_index, *args, "--format", "trec").stdout.splitlines()]
-    chunks = [line.split() for line in qcg("query", small_index, *args, "--format", "trec-chunks").stdout.splitlines()]
+    records = _records(cli("query", small_index, *args).stdout)
+    documents = [line.split() for line in cli("query", small_index, *args, "--format", "trec").stdout.splitlines()]
+    chunks = [line.split() for line in cli("query", small_index, *args, "--format", "trec-chunks").stdout.splitlines()]
     positions = load_table(small_index, "chunks").column("chunk_index").to_pylist()
     expected_chunks, expected_documents = [], []
     for record in records:
@@ -71,14 +71,14 @@ def test_trec_runs_of_documents_and_chunks(small_index, tmp_path):
         assert [line[:4] for line in lines] == [e[:4] for e in expected]
         assert np.allclose([float(line[4]) for line in lines], [e[4] for e in expected], atol=1e-6, rtol=0)
     assert all(line[5] == "qcg" for line in documents + chunks)
-    refused = qcg("query", small_index, *args, "--format", "trec", "--trace")
+    refused = cli("query", small_index, *args, "--format", "trec", "--trace")
     assert refused.returncode == 2 and "--trace needs --format jsonl" in refused.stderr
 
 
-def test_bring_your_own_embeddings(small_index, tmp_path, embedder):
+def test_bring_your_own_embeddings(small_index, tmp_path, embedder, cli):
     vectors = embedder.encode(["Who is Adam?", "lunch with Wolfgang"]) * 3.0  # not normalised: qcg normalises
     np.save(tmp_path / "q.npy", vectors)
-    result = qcg(
+    result = cli(
         "query", small_index, "--embeddings", tmp_path / "q.npy", "--gamma", "1.0", "--retrieval-backend", "torch"
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -88,17 +88,17 @@ def test_bring_your_own_embeddings(small_index, tmp_path, embedder):
         [c for c in row if c >= 0] for row in api.chunk_ids.tolist()
     ]
     np.save(tmp_path / "bad.npy", np.ones((2, 7), np.float32))
-    bad = qcg("query", small_index, "--embeddings", tmp_path / "bad.npy")
+    bad = cli("query", small_index, "--embeddings", tmp_path / "bad.npy")
     assert bad.returncode == 2 and "shape (B, 384)" in bad.stderr
 
 
-def _cli_ranking(index, method: str, question: str) -> list[int]:
-    result = qcg("query", index, "--query", question, "--method", method, "--top-k", "5")
+def _cli_ranking(cli, index, method: str, question: str) -> list[int]:
+    result = cli("query", index, "--query", question, "--method", method, "--top-k", "5")
     assert result.returncode == 0, result.stderr[-2000:]
     return [c["chunk_id"] for c in _records(result.stdout)[0]["chunks"]]
 
 
-def test_baselines_rank_chunks_by_their_expanded_text(small_index, embedder):
+def test_baselines_rank_chunks_by_their_expanded_text(small_index, embedder, cli):
     # METHOD.md, Baselines: naive ranks the chunk texts, D2Q each chunk followed by all its generated
     # questions, D2Q-- by its kept ones; each ranking computed here from the index's own tables
     chunks = load_table(small_index, "chunks").column("text").to_pylist()
@@ -116,7 +116,7 @@ def test_baselines_rank_chunks_by_their_expanded_text(small_index, embedder):
     for method, texts in expanded.items():
         sims = embedder.encode(questions) @ embedder.encode(texts).T
         expected = [np.argsort(-row, kind="stable")[:5].tolist() for row in sims]
-        rankings[method] = [_cli_ranking(small_index, method, q) for q in questions]
+        rankings[method] = [_cli_ranking(cli, small_index, method, q) for q in questions]
         assert rankings[method] == expected, method
     assert rankings["d2q"] != rankings["naive"] and rankings["d2q-minus"] != rankings["naive"]
 
@@ -130,18 +130,18 @@ def test_baselines_rank_chunks_by_their_expanded_text(small_index, embedder):
         (["--queries", "/no/such/file.txt"], "queries file not found"),
     ],
 )
-def test_bad_query_input(small_index, args, message):
-    result = qcg("query", small_index, *args)
+def test_bad_query_input(small_index, args, message, cli):
+    result = cli("query", small_index, *args)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
-def test_missing_index_file_is_refused(small_index, tmp_path):
+def test_missing_index_file_is_refused(small_index, tmp_path, cli):
     import shutil
 
     broken = tmp_path / "broken"
     shutil.copytree(small_index, broken)
     (data_dir(broken) / "knn_indices.npy").unlink()
-    result = qcg("query", broken, "--query", "x")
+    result = cli("query", broken, "--query", "x")
     assert result.returncode == 2 and "missing knn_indices.npy" in result.stderr
 
 

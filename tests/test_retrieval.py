@@ -103,13 +103,17 @@ def test_exact_ties_break_by_lower_ids(backend):
     index = QCGIndex(None, {}, x, graph.indptr, graph.indices, node_chunk, 6)
     query = x[:1].copy()  # sims: 1, .75, .75, .75, 1, 0, 1
     config = RetrievalConfig(gamma=1.0, n=3, hops=0, top_k=6, **backend)
-    result = Retriever(index, config).search(query)
-    assert result.seed_ids[0].tolist() == [0, 4, 6]  # the three exact matches, by id
-    assert result.chunk_ids[0].tolist() == [3, 4, -1, -1, -1, -1]  # chunk 3 and 4 tie at 1.0: lower id first
-    config.n, config.hops = 5, 0
-    result = Retriever(index, config).search(query)
-    assert result.seed_ids[0].tolist() == [0, 4, 6, 1, 2]  # .75-ties: ids 1, 2 (not 3)
-    assert result.chunk_ids[0].tolist()[:4] == [3, 4, 1, 2]
+    retriever = Retriever(index, config)
+    # the torch backend's threshold-first selection, also over node blocks of 2 (ties across blocks)
+    for node_block in [None] + ([2] if backend["backend"] == "torch" else []):
+        if node_block:
+            retriever.backend.node_block = node_block
+        result = retriever.search(query, config)
+        assert result.seed_ids[0].tolist() == [0, 4, 6]  # the three exact matches, by id
+        assert result.chunk_ids[0].tolist() == [3, 4, -1, -1, -1, -1]  # chunk 3 and 4 tie at 1.0: lower id first
+        result = retriever.search(query, RetrievalConfig(**{**vars(config), "n": 5}))
+        assert result.seed_ids[0].tolist() == [0, 4, 6, 1, 2]  # .75-ties: ids 1, 2 (not 3)
+        assert result.chunk_ids[0].tolist()[:4] == [3, 4, 1, 2]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -137,6 +141,27 @@ def test_tiny_indexes(backend):
 
 
 PREFILTERS = [p for p in BACKENDS if p.values[0].get("prefilter") == "bf16"]
+TORCH_BACKENDS = [p for p in BACKENDS if p.values[0]["backend"] == "torch"]
+
+
+@pytest.mark.parametrize("backend", TORCH_BACKENDS)
+@pytest.mark.parametrize("selection", ["threshold-first", "node-blocks", "topk"])
+def test_torch_seed_selection_paths_match_reference(backend, selection):
+    """Threshold first in one node block or in several (the last partial), and the topk path that a
+    tile with more candidates than the budget takes: the reference's seeds and chunks either way."""
+    index = random_index(11, 2000, 24, 2, n_chunks=200)
+    queries = queries_for(index, 11, 300)
+    retriever = Retriever(index, RetrievalConfig(**backend))
+    torch_backend = retriever.backend
+    torch_backend.tile_rows = 128  # three query tiles, the last partial
+    if selection == "node-blocks":
+        torch_backend.node_block = 333
+    if selection == "topk":
+        torch_backend.candidate_budget = 0
+    for gamma, n, hops in [(1.5, 10, 1), (1.0, 15, 0), (0.4, 5, 2)]:
+        config = RetrievalConfig(gamma=gamma, n=n, hops=hops, top_k=5, **backend)
+        assert_matches_reference(index, queries, retriever.search(queries, config), config)
+    assert (torch_backend.topk_tiles > 0) == (selection == "topk")
 
 
 @pytest.mark.parametrize("backend", PREFILTERS)
@@ -161,6 +186,8 @@ def test_bf16_prefilter_falls_back_on_rows_of_near_ties(backend):
     queries = np.vstack([x[:1], x[3000:3004]])
     config = RetrievalConfig(gamma=1.5, n=12, hops=1, top_k=5, **backend)
     retriever = Retriever(index, config)
+    if backend["backend"] == "torch":
+        retriever.backend.candidate_budget = 0  # its threshold-first selection has no candidate buffer to overflow
     result = retriever.search(queries)
     assert retriever.backend.fallback_rows == 1
     assert result.seed_ids[0].tolist() == list(range(12))
