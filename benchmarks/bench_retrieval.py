@@ -171,7 +171,8 @@ def main() -> None:
         "--backends",
         nargs="+",
         default=["numpy:off", "numpy:bf16", "torch:off", "torch:bf16"],
-        help="backend[:prefilter], prefilter off (float32 GEMM), bf16 or auto",
+        help="backend[:prefilter[:topk]], prefilter off (float32 GEMM), bf16 or auto; torch:...:topk forces the "
+        "torch backend's topk seed selection (its threshold-first selection otherwise)",
     )
     parser.add_argument("--device", default="cpu", help="torch device of the torch backend (cuda on a GPU machine)")
     parser.add_argument(
@@ -194,8 +195,11 @@ def main() -> None:
         loop_result = loop_search(index, looped, config)
         for spec in args.backends:
             backend, _, prefilter = spec.partition(":")
+            prefilter, _, selection = prefilter.partition(":")
             options = {**config.__dict__, "backend": backend, "device": args.device, "prefilter": prefilter or "auto"}
             retriever = Retriever(index, RetrievalConfig(**options))
+            if selection == "topk":
+                retriever.backend.candidate_budget = 0  # every query tile takes the topk path
             check = retriever.search(looped)  # also warms up numba's JIT
             assert [[c for c in row if c >= 0] for row in check.chunk_ids.tolist()] == loop_result, "batched != loop"
             bf16 = use_prefilter(RetrievalConfig(**options), args.device)
@@ -207,7 +211,7 @@ def main() -> None:
                 row = {
                     "nodes": n_nodes,
                     "batch": b,
-                    "backend": backend,
+                    "backend": backend + (":topk" if selection == "topk" else ""),
                     "gemm": "bf16 prefilter" if bf16 else "float32",
                     "queries_per_s": round(b / timing["search"], 1),
                     "library_queries_per_s": round(b / timing["library"], 1),
@@ -221,6 +225,8 @@ def main() -> None:
                     "cpu": cpu,
                     "mean_selected_nodes": round(float(timing["result"].n_selected.mean()), 1),
                     "fallback_rows": retriever.backend.fallback_rows,
+                    # torch: query tiles whose threshold-first selection overflowed its budget (topk instead)
+                    "topk_tiles": getattr(retriever.backend, "topk_tiles", None),
                 }
                 rows.append(row)
                 print(json.dumps(row), flush=True)

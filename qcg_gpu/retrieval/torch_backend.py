@@ -1,7 +1,9 @@
-"""Retrieval as dense tensor operations: a similarity GEMM per query tile, topk for the seeds,
-gathers over the fixed-degree kNN table for the expansion, sort-based segment means for the
-chunks. CUDA when present, CPU tensors otherwise (the parity tests run it on both). On GPUs with
-bf16 tensor cores the GEMM runs in bf16 as a prefilter (``bf16.py``) with exact rescoring."""
+"""Retrieval as dense tensor operations: seeds selected threshold first (the similarity GEMM runs
+over blocks of nodes and keeps only what passes the threshold, so a query tile needs no (B, N)
+similarity matrix and can be large), topk over similarity tiles when too many nodes pass; gathers
+over the fixed-degree kNN table for the expansion, sort-based segment means for the chunks. CUDA
+when present, CPU tensors otherwise (the parity tests run it on both). On GPUs with bf16 tensor
+cores the GEMM runs in bf16 as a prefilter (``bf16.py``) with exact rescoring."""
 
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ from .result import SIMILARITY_TILE_ELEMENTS, RetrievalResult, seed_threshold, t
 
 TOPK_MARGIN = 8
 PREFILTER_TOPK_MARGIN = 64  # bf16 approximations beyond the n best that the torch prefilter rescores
+# Threshold-first selection keeps (query, node) candidates, ~20 bytes each; past this many in a tile
+# (a low threshold) the tile takes the topk path instead.
+CANDIDATE_BUDGET = {"cuda": 1 << 24, "cpu": 1 << 22}
 
 
 class TorchBackend:
@@ -42,24 +47,29 @@ class TorchBackend:
         if self.nodes_bf16 is not None:
             self.node_norm, self.node_residual = bf16_rounding(index.node_embeddings, self.nodes_bf16)
         self.fallback_rows = 0  # queries whose candidates did not fit the prefilter's top-k (float32 path instead)
+        on_gpu = self.device.type == "cuda"  # big GPUs take 1 GiB similarity blocks and 4096-query tiles
+        self.tile_rows, elements = (4096, 4 * SIMILARITY_TILE_ELEMENTS) if on_gpu else (256, SIMILARITY_TILE_ELEMENTS)
+        self.node_block = max(1, elements // self.tile_rows)  # nodes per similarity block of a threshold-first tile
+        self.topk_rows = tile_rows(n, self.tile_rows, elements)  # queries per (B, N) tile on the topk path
+        self.candidate_budget = CANDIDATE_BUDGET.get(self.device.type, CANDIDATE_BUDGET["cpu"])
+        self.topk_tiles = 0  # query tiles that took the topk path (too many nodes passed the threshold)
 
     def search(self, q: np.ndarray, config: RetrievalConfig) -> RetrievalResult:
         torch, index, out = self.torch, self.index, RetrievalResult.empty(len(q), config)
         n_nodes = len(index.node_embeddings)
         if n_nodes == 0:
             return out
-        threshold = float(seed_threshold(config.gamma))
-        on_gpu = self.device.type == "cuda"  # big GPUs take 1 GiB tiles of 4096 queries
-        rows = tile_rows(n_nodes, 4096 if on_gpu else 256, SIMILARITY_TILE_ELEMENTS * (4 if on_gpu else 1))
+        threshold, n = float(seed_threshold(config.gamma)), min(config.n, n_nodes)
+        threshold_first = True  # until a tile passes more candidates than the budget: then topk for the rest
         with torch.inference_mode():
-            for start in range(0, len(q), rows):
-                tile = torch.from_numpy(q[start : start + rows]).to(self.device)
+            for start in range(0, len(q), self.tile_rows):
+                tile = torch.from_numpy(q[start : start + self.tile_rows]).to(self.device)
                 part = slice(start, start + len(tile))
-                n = min(config.n, n_nodes)
-                if self.nodes_bf16 is not None:
-                    seed_ids, seed_sims = self._seeds_bf16(tile, threshold, n, self.nodes_bf16)
-                else:
-                    seed_ids, seed_sims = self._seeds(tile @ self.nodes.T, threshold, n)
+                seeds = self._threshold_first(tile, threshold, n) if threshold_first else None
+                if seeds is None:
+                    threshold_first = False
+                    seeds = self._topk_seeds(tile, threshold, n)
+                seed_ids, seed_sims = seeds
                 out.seed_ids[part, : seed_ids.shape[1]] = seed_ids.cpu().numpy()
                 out.seed_sims[part, : seed_ids.shape[1]] = seed_sims.cpu().numpy()
                 selected = self._expand(seed_ids, config.hops)
@@ -67,6 +77,57 @@ class TorchBackend:
                 out.chunk_ids[part], out.scores[part] = chunks.cpu().numpy(), scores.cpu().numpy()
                 out.n_selected[part] = (selected < n_nodes).sum(1).cpu().numpy()
         return out
+
+    def _topk_seeds(self, tile, threshold: float, n: int):
+        """(B, n) seed ids and similarities by topk over (B, N) similarity sub-tiles."""
+        self.topk_tiles += 1
+        parts = []
+        for start in range(0, len(tile), self.topk_rows):
+            sub = tile[start : start + self.topk_rows]
+            if self.nodes_bf16 is not None:
+                parts.append(self._seeds_bf16(sub, threshold, n, self.nodes_bf16))
+            else:
+                parts.append(self._seeds(sub @ self.nodes.T, threshold, n))
+        return self.torch.cat([p[0] for p in parts]), self.torch.cat([p[1] for p in parts])
+
+    def _threshold_first(self, tile, threshold: float, n: int):
+        """Every (query, node) pair whose similarity passes the threshold, gathered block by block of
+        nodes, then each query's n best of them (:func:`top_n_per_row`); None when more than
+        ``candidate_budget`` pairs pass.
+        With the bf16 prefilter a pair passes when its bf16 similarity reaches t - eps (eps bounds
+        the bf16 error, so no node at or above t is missed), and is then rescored in float64 like
+        :meth:`_seeds_bf16`'s candidates; otherwise the float32 similarities are kept as they are."""
+        torch, nodes_bf16 = self.torch, self.nodes_bf16
+        bf16 = nodes_bf16 is not None
+        if bf16:
+            tile_bf16 = tile.bfloat16()
+            eps = bf16_error_bound(tile.double(), tile_bf16.double(), self.node_norm, self.node_residual).float()
+            floor = (threshold - eps)[:, None]
+        rows, ids, vals, total = [], [], [], 0
+        for start in range(0, len(self.nodes), self.node_block):
+            block = slice(start, start + self.node_block)
+            if nodes_bf16 is not None:
+                with float32_accumulation(torch):
+                    sims = (tile_bf16 @ nodes_bf16[block].T).float()
+                r, c = torch.nonzero(sims >= floor, as_tuple=True)
+            else:
+                sims = tile @ self.nodes[block].T
+                r, c = torch.nonzero(sims >= threshold, as_tuple=True)
+                vals.append(sims[r, c])
+            total += len(r)
+            if total > self.candidate_budget:
+                return None
+            rows.append(r)
+            ids.append(c + start)
+        rows, ids = torch.cat(rows), torch.cat(ids)
+        if bf16:
+            sims64 = pair_dot(torch, self.nodes, tile, ids, rows)
+            exact = sims64 >= threshold
+            rows, ids, sims = rows[exact], ids[exact], sims64[exact]
+        else:
+            sims = torch.cat(vals)
+        ids, sims = top_n_per_row(torch, rows, ids, sims, len(tile), n)
+        return ids, sims.float()
 
     def _seeds(self, sims, threshold: float, n: int):
         """Best n with sim >= threshold, ties by lower id; -1 padded."""
@@ -153,6 +214,34 @@ def exact_dot(torch, nodes, queries, ids, rows: int = 512):
         gathered = nodes[ids[block].clamp(min=0)].double()
         out[block] = torch.einsum("bld,bd->bl", gathered, queries[block].double())
     return out
+
+
+def pair_dot(torch, nodes, queries, ids, rows, block: int = 1 << 18):
+    """float64 ``nodes[ids[i]] . queries[rows[i]]`` for every pair i, in blocks of pairs so the
+    gathered float64 rows stay small (2^18 x 384 x 8 bytes x 2 = 1.6 GB at most)."""
+    out = torch.empty(ids.shape, dtype=torch.float64, device=ids.device)
+    for start in range(0, len(ids), block):
+        part = slice(start, start + block)
+        out[part] = (nodes[ids[part]].double() * queries[rows[part]].double()).sum(1)
+    return out
+
+
+def top_n_per_row(torch, rows, ids, vals, b: int, n: int):
+    """(b, n) ids and values: for each row, the n best of its (row, id, value) entries by value
+    desc, then id asc; -1 / -inf padded. Entries come grouped by node block and, within a block,
+    row-major with ids ascending, so each row's entries are in ascending id order: two stable
+    sorts (value, then row) keep that order among equal values."""
+    order = vals.argsort(descending=True, stable=True)
+    order = order[rows[order].argsort(stable=True)]
+    rows, ids, vals = rows[order], ids[order], vals[order]
+    counts = torch.bincount(rows, minlength=b)
+    rank = torch.arange(len(rows), device=rows.device) - (counts.cumsum(0) - counts)[rows]
+    keep = rank < n
+    out_ids = torch.full((b, n), -1, dtype=torch.int64, device=rows.device)
+    out_vals = torch.full((b, n), -float("inf"), dtype=vals.dtype, device=rows.device)
+    out_ids[rows[keep], rank[keep]] = ids[keep]
+    out_vals[rows[keep], rank[keep]] = vals[keep]
+    return out_ids, out_vals
 
 
 @contextlib.contextmanager
