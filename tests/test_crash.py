@@ -88,7 +88,7 @@ def _chunks_at_300(docs) -> int:
 
 
 @pytest.mark.llm
-def test_kill_during_generation_loses_at_most_the_batch_in_flight(tmp_path):
+def test_kill_during_generation_loses_at_most_the_batch_in_flight(tmp_path, cli):
     docs = sample_docs(tmp_path / "docs", 4)
     cache, index = tmp_path / "cache.sqlite", tmp_path / "index"
     # M = 2 and one chunk a batch: short steps, so the kill lands between batches without a long wait
@@ -110,7 +110,7 @@ def test_kill_during_generation_loses_at_most_the_batch_in_flight(tmp_path):
     assert f"{4 - done} chunks generated, {done} from cache" in rerun.stdout  # nothing finished was regenerated
     assert check_index(index) == []
     # a third run, entirely from the cache, writes the same index
-    again = qcg("index", docs, tmp_path / "again", *options, "--quiet")
+    again = cli("index", docs, tmp_path / "again", *options, "--quiet")  # no engine to start: in this process
     assert "0 chunks generated, 4 from cache" in again.stdout
     assert load_table(tmp_path / "again", "pairs").equals(load_table(index, "pairs"))
     # and so does an uninterrupted run with a fresh cache: each request's seed comes from the run's

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -92,13 +93,13 @@ def test_bring_your_own_embeddings(small_index, tmp_path, embedder, cli):
     assert bad.returncode == 2 and "shape (B, 384)" in bad.stderr
 
 
-def _cli_ranking(cli, index, method: str, question: str) -> list[int]:
-    result = cli("query", index, "--query", question, "--method", method, "--top-k", "5")
+def _cli_rankings(cli, index, method: str, questions: Path) -> list[list[int]]:
+    result = cli("query", index, "--queries", questions, "--method", method, "--top-k", "5")
     assert result.returncode == 0, result.stderr[-2000:]
-    return [c["chunk_id"] for c in _records(result.stdout)[0]["chunks"]]
+    return [[c["chunk_id"] for c in record["chunks"]] for record in _records(result.stdout)]
 
 
-def test_baselines_rank_chunks_by_their_expanded_text(small_index, embedder, cli):
+def test_baselines_rank_chunks_by_their_expanded_text(small_index, embedder, cli, tmp_path):
     # METHOD.md, Baselines: naive ranks the chunk texts, D2Q each chunk followed by all its generated
     # questions, D2Q-- by its kept ones; each ranking computed here from the index's own tables
     chunks = load_table(small_index, "chunks").column("text").to_pylist()
@@ -113,10 +114,11 @@ def test_baselines_rank_chunks_by_their_expanded_text(small_index, embedder, cli
     }
     rankings: dict[str, list[list[int]]] = {}
     questions = ["Who is Adam?", "lunch with Wolfgang", "When does Li Hua move in?"]
+    (tmp_path / "q.txt").write_text("\n".join(questions) + "\n")
     for method, texts in expanded.items():
         sims = embedder.encode(questions) @ embedder.encode(texts).T
         expected = [np.argsort(-row, kind="stable")[:5].tolist() for row in sims]
-        rankings[method] = [_cli_ranking(cli, small_index, method, q) for q in questions]
+        rankings[method] = _cli_rankings(cli, small_index, method, tmp_path / "q.txt")
         assert rankings[method] == expected, method
     assert rankings["d2q"] != rankings["naive"] and rankings["d2q-minus"] != rankings["naive"]
 
