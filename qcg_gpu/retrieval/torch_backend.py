@@ -95,8 +95,9 @@ class TorchBackend:
         nodes, then each query's n best of them (:func:`top_n_per_row`); None when more than
         ``candidate_budget`` pairs pass.
         With the bf16 prefilter a pair passes when its bf16 similarity reaches t - eps (eps bounds
-        the bf16 error, so no node at or above t is missed), and is then rescored in float64 like
-        :meth:`_seeds_bf16`'s candidates; otherwise the float32 similarities are kept as they are."""
+        the bf16 error, so no node at or above t is missed); those within 2 eps of their row's n-th
+        best approximation are rescored in float64 like :meth:`_seeds_bf16`'s candidates.
+        Otherwise the float32 similarities are kept as they are."""
         torch, nodes_bf16 = self.torch, self.nodes_bf16
         bf16 = nodes_bf16 is not None
         if bf16:
@@ -113,19 +114,25 @@ class TorchBackend:
             else:
                 sims = tile @ self.nodes[block].T
                 r, c = torch.nonzero(sims >= threshold, as_tuple=True)
-                vals.append(sims[r, c])
+            vals.append(sims[r, c])
             total += len(r)
             if total > self.candidate_budget:
                 return None
             rows.append(r)
             ids.append(c + start)
-        rows, ids = torch.cat(rows), torch.cat(ids)
+        rows, ids, sims = torch.cat(rows), torch.cat(ids), torch.cat(vals)
         if bf16:
+            # only what can still be among a row's n best is rescored: approximation >= a_n - 2 eps,
+            # a_n the row's n-th best approximation (the bound of _seeds_bf16)
+            order, rank = rank_in_rows(torch, rows, sims, len(tile))
+            nth = torch.full((len(tile),), -float("inf"), device=sims.device)
+            at_n = order[rank == n - 1]
+            nth[rows[at_n]] = sims[at_n]
+            hopeful = sims >= (nth - 2 * eps)[rows]
+            rows, ids = rows[hopeful], ids[hopeful]
             sims64 = pair_dot(torch, self.nodes, tile, ids, rows)
             exact = sims64 >= threshold
             rows, ids, sims = rows[exact], ids[exact], sims64[exact]
-        else:
-            sims = torch.cat(vals)
         ids, sims = top_n_per_row(torch, rows, ids, sims, len(tile), n)
         return ids, sims.float()
 
@@ -226,16 +233,22 @@ def pair_dot(torch, nodes, queries, ids, rows, block: int = 1 << 18):
     return out
 
 
+def rank_in_rows(torch, rows, vals, b: int):
+    """The order that sorts (row, value) entries by row, then value desc (stable: equal values keep
+    their order), and each sorted entry's rank within its row."""
+    order = vals.argsort(descending=True, stable=True)
+    order = order[rows[order].argsort(stable=True)]
+    counts = torch.bincount(rows, minlength=b)
+    return order, torch.arange(len(rows), device=rows.device) - (counts.cumsum(0) - counts)[rows[order]]
+
+
 def top_n_per_row(torch, rows, ids, vals, b: int, n: int):
     """(b, n) ids and values: for each row, the n best of its (row, id, value) entries by value
     desc, then id asc; -1 / -inf padded. Entries come grouped by node block and, within a block,
     row-major with ids ascending, so each row's entries are in ascending id order: two stable
     sorts (value, then row) keep that order among equal values."""
-    order = vals.argsort(descending=True, stable=True)
-    order = order[rows[order].argsort(stable=True)]
+    order, rank = rank_in_rows(torch, rows, vals, b)
     rows, ids, vals = rows[order], ids[order], vals[order]
-    counts = torch.bincount(rows, minlength=b)
-    rank = torch.arange(len(rows), device=rows.device) - (counts.cumsum(0) - counts)[rows]
     keep = rank < n
     out_ids = torch.full((b, n), -1, dtype=torch.int64, device=rows.device)
     out_vals = torch.full((b, n), -float("inf"), dtype=vals.dtype, device=rows.device)
