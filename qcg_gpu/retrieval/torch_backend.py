@@ -212,15 +212,11 @@ class TorchBackend:
         return torch.where(torch.isfinite(scores), best, -1), scores
 
 
-def exact_dot(torch, nodes, queries, ids, rows: int = 512):
-    """(B, L) float64 tensor ``nodes[ids[b, j]] . queries[b]`` (ids >= 0), in blocks of ``rows`` queries
-    so the gathered float64 rows stay small (512 x 74 x 384 x 8 bytes = 116 MB)."""
-    out = torch.empty(ids.shape, dtype=torch.float64, device=ids.device)
-    for start in range(0, len(ids), rows):
-        block = slice(start, start + rows)
-        gathered = nodes[ids[block].clamp(min=0)].double()
-        out[block] = torch.einsum("bld,bd->bl", gathered, queries[block].double())
-    return out
+def exact_dot(torch, nodes, queries, ids):
+    """(B, L) float64 tensor ``nodes[ids[b, j]] . queries[b]`` (ids >= 0): :func:`pair_dot` over
+    every (b, j), so both seed selections rescore with the same arithmetic."""
+    rows = torch.arange(len(ids), device=ids.device).repeat_interleave(ids.shape[1])
+    return pair_dot(torch, nodes, queries, ids.clamp(min=0).flatten(), rows).view(ids.shape)
 
 
 def pair_dot(torch, nodes, queries, ids, rows, block: int = 1 << 18):
