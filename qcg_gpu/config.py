@@ -71,9 +71,9 @@ class GenerationConfig:
     m: int = option(20, "Question-answer pairs asked of the LLM per chunk (M).")
     prompt: str = option(
         "basic",
-        "Doc2Query system prompt: 'basic' (the rules), or 'self-contained' (questions also name who/what/when they "
-        "are about).",
-        ("basic", "self-contained"),
+        "Doc2Query system prompt: 'basic' (the rules), 'self-contained' (questions also name who/what/when they "
+        "are about), or 'quoted' (one pair per fact, naming who and what, the answer quoted from the text).",
+        ("basic", "self-contained", "quoted"),
     )
     prompt_file: str | None = option(
         None,
@@ -89,9 +89,9 @@ class GenerationConfig:
     )
     seed: int = option(
         0,
-        "Sampling seed. Each request's seed derives from it and the request's chunk, so the same inputs give the "
-        "same pairs on the same machine, however they are batched or resumed (the manifest's llm_reproducibility "
-        "says what the engine promises).",
+        "Sampling seed. Each request's seed derives from it and the request's chunk, not from its batch or "
+        "position, so a resumed run draws the same; how exactly the engine then repeats a reply is recorded in the "
+        "manifest's llm_reproducibility.",
     )
     max_question_chars: int = option(200, "Longest question the JSON schema allows (bounds output tokens).")
     max_answer_chars: int = option(150, "Longest answer the JSON schema allows.")

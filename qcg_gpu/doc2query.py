@@ -38,6 +38,17 @@ SYSTEM_PROMPTS = {
         "is about instead of 'he', 'they' or 'the text'. Each answer is a short span copied from the text. Do not ask "
         "who someone is or what their name is. Questions must be distinct. Reply with JSON only."
     ),
+    # One pair per fact, answered by the sentence that states it: a node then carries the chunk's own
+    # words as well as a question (LiHuaWorld probe, 16 dev questions, Qwen2.5-Coder-1.5B at M = 10: the
+    # evidence chunk ranked first for 81% of them against 56% with 'basic' at M = 20).
+    "quoted": (
+        "You write question-answer pairs for a search index over a large collection of chat logs and documents. Write "
+        "one pair for each distinct fact the text states: a plan, event, request, suggestion, time, date, place, "
+        "object, number, opinion or reason. The question asks about that fact and names the people and things it is "
+        "about, never 'he', 'they' or 'the text'. The answer is the sentence of the text that states the fact, copied "
+        "word for word. Do not ask for anyone's name or identity. Every pair is about a different fact. Reply with "
+        "JSON only."
+    ),
 }
 # No worked example: small models copy an example's facts into every reply (measured with
 # SmolLM2-135M: the example's bakery showed up in unrelated chunks), and the JSON schema

@@ -88,6 +88,7 @@ def test_cache_key_depends_on_everything_that_decides_the_reply():
     # settings that do not change the reply keep the key
     assert key == cache_key("text", "model", GenerationConfig(batch_chunks=3, concurrency=2))
     assert key != cache_key("text", "model", GenerationConfig(prompt="self-contained"))
+    assert key != cache_key("text", "model", GenerationConfig(prompt="quoted"))
     assert key != cache_key("text", "model", GenerationConfig(compact_json=True))
 
 

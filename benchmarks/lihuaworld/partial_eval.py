@@ -8,6 +8,11 @@ every evidence document is covered, and the Null questions), builds OUT/index fr
 replies (no LLM) and runs `qcg eval` on it into OUT/retrieval. The corpus is smaller than the
 whole one, so recall is higher for every method than on the whole corpus: compare the methods
 with each other, not with whole-corpus numbers.
+
+    ... --also benchmarks/lihuaworld/replies-OTHER.parquet
+
+indexes the same documents from another generation too (into OUT/OTHER) and scores QCG on the
+same questions: two prompts or models compared side by side on what the newer one covers.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ def main() -> None:
     parser.add_argument("replies", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--also", type=Path, nargs="*", default=[], help="other generations, scored on the same part")
     args = parser.parse_args()
 
     covered, total = covered_documents(args.replies, args.data / "docs")
@@ -81,46 +87,22 @@ def main() -> None:
     counts = {t: sum(q.type == t for q in questions) for t in sorted({q.type for q in questions})}
     print(f"{len(covered)} of {total} documents covered; {len(questions)} dev questions: {counts}", flush=True)
 
+    evaluate(
+        args.replies, subset, args.out, args.out / "questions.jsonl", "naive,d2q,d2q-minus,qcg,qcg-q,qcg-a,qcg-sentence"
+    )
+    for other in args.also:
+        name = other.stem.removeprefix("replies-")
+        evaluate(other, subset, args.out / name, args.out / "questions.jsonl", "naive,qcg")
+
+
+def evaluate(replies: Path, docs: Path, out: Path, questions: Path, methods: str) -> None:
+    """Index ``docs`` from the stored ``replies`` (no LLM) into OUT/index, then score ``methods`` into OUT/retrieval."""
     qcg = [sys.executable, "-m", "qcg_gpu.cli"]
-    subprocess.run(
-        [
-            *qcg,
-            "index",
-            "build",
-            subset,
-            args.out / "index",
-            "--overwrite",
-            "--quiet",
-            "--replies-in",
-            args.replies,
-            "--cache",
-            args.out / "replay-cache.sqlite",
-        ],
-        check=True,
-    )
-    subprocess.run(
-        [
-            *qcg,
-            "eval",
-            "--dataset",
-            "jsonl",
-            "--data",
-            args.out / "questions.jsonl",
-            "--index",
-            args.out / "index",
-            "--preset",
-            "lihuaworld",
-            "--out",
-            args.out / "retrieval",
-            "--no-answers",
-            "--quiet",
-            "--methods",
-            "naive,d2q,d2q-minus,qcg,qcg-q,qcg-a,qcg-sentence",
-            "--sweeps",
-            "seeds,alpha",
-        ],
-        check=True,
-    )
+    index = ["index", "build", docs, out / "index", "--overwrite", "--quiet", "--replies-in", replies]
+    subprocess.run([*qcg, *index, "--cache", out / "replay-cache.sqlite"], check=True)
+    scoring = ["eval", "--dataset", "jsonl", "--data", questions, "--index", out / "index", "--preset", "lihuaworld"]
+    options = ["--out", out / "retrieval", "--no-answers", "--quiet", "--methods", methods, "--sweeps", "seeds,alpha"]
+    subprocess.run([*qcg, *scoring, *options], check=True)
 
 
 if __name__ == "__main__":
