@@ -3,9 +3,10 @@
 The single-process code is reused step by step; Ray only decides where each heavy step
 runs, with the same inputs and outputs:
 
-* Doc2Query generation (:class:`RayLLM`): a Ray Data stream of the chunks that have no
-  reply yet, through an actor pool holding one vLLM engine per worker (a GPU each on a
-  GPU cluster). The driver caches every batch as it arrives, so a failure loses nothing
+* Doc2Query generation (:class:`RayLLM`): the chunks that have no reply yet, shared out
+  to one vLLM engine per worker (per tensor x pipeline parallel group of GPUs on a GPU
+  cluster), each keeping its window of requests in flight and streaming every reply back as
+  it finishes. The driver caches each one as it arrives, so a failure loses nothing
   finished, exactly like the single-process build.
 * Embedding (:class:`RayEmbedder`): one embedder per worker, kept for the whole build;
   blocks of batches go to whichever worker is free.
@@ -36,7 +37,7 @@ from .embedding import Windows, encode_whole, shape_batches, token_counts
 from .errors import QCGError
 from .knn import KnnGraph, degree, exact_rows
 from .llm import Completion, LLMBackend, SamplingSpec, llm_name
-from .log import progress_bar, quiet, show_progress
+from .log import progress_bar, quiet
 from .models import DEFAULT_EMBEDDER, resolve_model
 
 EMBED_BLOCK_BATCHES = 8  # embedder batches per block sent to one worker
@@ -70,6 +71,7 @@ class RayCluster:
             {"num_gpus": 1} if 0 < self.workers <= self.gpus else {"num_cpus": max(1, cpus // self.workers)}
         )
         self._actors: list = []  # the stage holding the workers now (one stage at a time: each takes all of them)
+        self._groups: list = []  # the placement groups reserved for that stage's multi-GPU engines
         self._actor_class = None
         self._shared: dict[int, tuple] = {}  # id(obj) -> (obj, object ref): each object goes to the object store once
 
@@ -77,7 +79,9 @@ class RayCluster:
         """End the actors of the last stage, so that the next one gets the workers' resources."""
         for actor in self._actors:
             self.ray.kill(actor)
-        self._actors, self._actor_class = [], None
+        for group in self._groups:
+            self.ray.util.remove_placement_group(group)
+        self._actors, self._actor_class, self._groups = [], None, []
 
     def llm(self, config: GenerationConfig) -> RayLLM:
         return RayLLM(config, self)
@@ -100,14 +104,37 @@ class RayCluster:
         parts = gather(self.ray, futures, "kNN blocks")
         return KnnGraph.from_rows(np.concatenate([ids for ids, _ in parts]), np.concatenate([s for _, s in parts]))
 
-    def actors(self, cls, *args, reuse: bool = False) -> list:
-        """One actor of ``cls`` per worker, each with its share of the cluster; ``reuse`` keeps the
-        current ones when they are already of ``cls`` (they hold state worth keeping: loaded indexes)."""
+    def actors(self, cls, *args, reuse: bool = False, count: int | None = None) -> list:
+        """One actor of ``cls`` per worker (or ``count`` of them), each with its share of the cluster;
+        ``reuse`` keeps the current ones when they are already of ``cls`` (they hold state worth
+        keeping: loaded indexes)."""
         if reuse and self._actor_class is cls and self._actors:
             return self._actors
         self.release()
         actor = self.ray.remote(**self.worker_resources)(cls)
-        self._actors, self._actor_class = [actor.remote(*args) for _ in range(self.workers)], cls
+        self._actors = [actor.remote(*args) for _ in range(count or self.workers)]
+        self._actor_class = cls
+        return self._actors
+
+    def engine_actors(self, cls, *args, count: int, gpus_each: int) -> list:
+        """``count`` actors of ``cls``, each an engine spanning ``gpus_each`` GPUs (tensor x pipeline
+        parallel size > 1): the actor takes none itself, and a placement group of ``gpus_each``
+        one-GPU bundles, packed on one node where it fits, is reserved for it and captured by the
+        engine's own Ray workers (vLLM's ray executor places its ranks there)."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if gpus_each > self.gpus:
+            raise QCGError(
+                f"one engine needs {gpus_each} GPUs (tensor x pipeline parallel size), the cluster has {self.gpus}"
+            )
+        self.release()
+        actor = self.ray.remote(cls)
+        for _ in range(count):
+            group = self.ray.util.placement_group([{"GPU": 1, "CPU": 1}] * gpus_each, strategy="PACK")
+            placed = PlacementGroupSchedulingStrategy(group, placement_group_capture_child_tasks=True)
+            self._groups.append(group)
+            self._actors.append(actor.options(num_gpus=0, scheduling_strategy=placed).remote(*args))
+        self._actor_class = cls
         return self._actors
 
     def share(self, obj):
@@ -132,11 +159,11 @@ def gather(ray, futures: list, desc: str | None = None) -> list:
     return ray.get(futures)
 
 
-# ---- generation: Ray Data through a pool of vLLM engines ----
+# ---- generation: one streaming engine per worker (per tensor x pipeline parallel group on GPUs) ----
 
 
 class _LLMWorker:
-    """Ray Data callable class: one LLM backend per actor, loaded once, then a batch per call."""
+    """One LLM backend per actor, loaded once; each call streams its share's replies as they finish."""
 
     def __init__(self, generation: dict, sampling: SamplingSpec):
         from .llm import make_backend
@@ -147,30 +174,31 @@ class _LLMWorker:
         self.llm = make_backend(GenerationConfig(**generation))
         self.sampling = sampling
 
-    def __call__(self, batch: dict) -> dict:
-        completions = self.llm.chat([json.loads(c) for c in batch["conversation"]], self.sampling)
-        return {
-            "row": batch["row"],
-            "text": np.array([c.text for c in completions], dtype=object),
-            "prompt_tokens": np.array([c.prompt_tokens for c in completions], dtype=np.int64),
-            "output_tokens": np.array([c.output_tokens for c in completions], dtype=np.int64),
-            "finish_reason": np.array([c.finish_reason or "" for c in completions], dtype=object),
-            "error": np.array([c.error or "" for c in completions], dtype=object),
-        }
+    def stream(self, rows: list[int], conversations: list, window: int):
+        """(rows, completions) as requests finish: the engine keeps ``window`` requests in flight and
+        takes the next as each one finishes, so it never drains until its share is done."""
+        for positions, completions in self.llm.chat_batches(conversations, self.sampling, window):
+            yield [rows[i] for i in positions], completions
 
 
 class RayLLM(LLMBackend):
     """An LLM backend whose conversations are answered by a pool of engines on Ray workers.
 
-    ``chat_batches`` streams (rows, completions) as batches finish, in any order, so the
-    caller can cache each one; ``chat`` is the plain backend call."""
+    Each engine gets an interleaved share of the conversations in one streaming call, keeps
+    ``batch_size`` of them in flight, and hands back every reply as it finishes; ``chat_batches``
+    yields them in that order, so the caller can cache each one. On a GPU cluster an engine
+    spans ``tensor_parallel_size x pipeline_parallel_size`` GPUs, so there are GPUs / that many."""
 
     def __init__(self, config: GenerationConfig, cluster: RayCluster):
         self.config, self.cluster = config, cluster
         self.model_name = llm_name(config)
+        self.group = config.tensor_parallel_size * config.pipeline_parallel_size
 
     @property
     def workers(self) -> int:
+        """Engines: one per worker, or per group of GPUs when an engine spans several."""
+        if self.cluster.gpus and self.group > 1:
+            return max(1, min(self.cluster.workers, self.cluster.gpus // self.group))
         return self.cluster.workers
 
     def chat(self, conversations, sampling: SamplingSpec) -> list[Completion]:
@@ -180,46 +208,41 @@ class RayLLM(LLMBackend):
                 out[row] = completion
         return out
 
+    def _engines(self, sampling: SamplingSpec, count: int) -> list:
+        generation = dataclasses.asdict(self.config)
+        if self.cluster.gpus and self.group > 1:
+            engine_args = {**self.config.extra_engine_args(), "distributed_executor_backend": "ray"}
+            generation["engine_args"] = json.dumps(engine_args)
+            return self.cluster.engine_actors(_LLMWorker, generation, sampling, count=count, gpus_each=self.group)
+        return self.cluster.actors(_LLMWorker, generation, sampling, count=count)
+
     def chat_batches(self, conversations, sampling: SamplingSpec, batch_size: int):
         if not conversations:
             return
-        ray, workers = self.cluster.ray, self.cluster.workers
-        self.cluster.release()
-        # batches of batch_size (each cached as it arrives), smaller only so that every worker gets one
-        size = max(1, min(batch_size, -(-len(conversations) // workers)))
-        ray.data.DataContext.get_current().enable_progress_bars = show_progress()
-        items = [{"row": i, "conversation": json.dumps(c)} for i, c in enumerate(conversations)]
-        dataset = ray.data.from_items(items, override_num_blocks=-(-len(items) // size)).map_batches(
-            _LLMWorker,
-            fn_constructor_kwargs={"generation": dataclasses.asdict(self.config), "sampling": sampling},
-            batch_size=size,
-            batch_format="numpy",
-            # a fixed pool, one batch per engine at a time: else the first engine up queues the batches
-            # meant for the others while they are still loading
-            compute=ray.data.ActorPoolStrategy(
-                size=min(workers, -(-len(items) // size)), max_tasks_in_flight_per_actor=1
-            ),
-            **self.cluster.worker_resources,
-        )
+        ray = self.cluster.ray
+        engines = self._engines(sampling, min(self.workers, len(conversations)))
+        shares = [list(range(len(conversations)))[i :: len(engines)] for i in range(len(engines))]
+        streams = [
+            engine.stream.options(num_returns="streaming").remote(share, [conversations[r] for r in share], batch_size)
+            for engine, share in zip(engines, shares)
+        ]
+        bar = progress_bar(total=len(conversations), desc="LLM replies", unit="chunk")
         try:
-            for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
-                completions = [
-                    Completion(
-                        text=t, prompt_tokens=int(p), output_tokens=int(o), finish_reason=f or None, error=e or None
-                    )
-                    for t, p, o, f, e in zip(
-                        batch["text"],
-                        batch["prompt_tokens"],
-                        batch["output_tokens"],
-                        batch["finish_reason"],
-                        batch["error"],
-                    )
-                ]
-                yield batch["row"].tolist(), completions
+            while streams:
+                [ready], _ = ray.wait(streams, num_returns=1)
+                try:
+                    rows, completions = ray.get(next(ready))
+                except StopIteration:
+                    streams.remove(ready)
+                    continue
+                bar.update(len(rows))
+                yield rows, completions
         except ray.exceptions.RayError as exc:
             raise QCGError(
-                f"generation on Ray failed (the batches that finished are cached; rerun to go on): {exc}"
+                f"generation on Ray failed (the replies that finished are cached; rerun to go on): {exc}"
             ) from exc
+        finally:
+            bar.close()
 
 
 # ---- embedding: one embedder per worker ----

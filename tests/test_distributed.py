@@ -11,11 +11,12 @@ import pytest
 
 from qcg_gpu import build_index
 from qcg_gpu.cli import main
-from qcg_gpu.config import RayConfig
+from qcg_gpu.config import GenerationConfig, RayConfig
 from qcg_gpu.distributed import RayCluster
 from qcg_gpu.errors import QCGError
 from qcg_gpu.incremental import add_documents
 from qcg_gpu.index_format import read_manifest
+from qcg_gpu.llm import SamplingSpec
 from qcg_gpu.retrieval import RetrievalConfig, Retriever
 from qcg_gpu.throughput import measured_runs, throughput_log
 
@@ -80,6 +81,23 @@ def test_pair_build_on_ray_with_real_vllm_equals_one_process(tmp_path, cluster, 
     generation = config.generation
     logged = [json.loads(line) for line in throughput_log(generation).read_text().splitlines()]
     assert [run["workers"] for run in logged] == [2] and measured_runs(generation, logged[0]["model"]) == []
+
+
+@pytest.mark.llm
+def test_engines_stream_each_reply_back_as_it_finishes(cluster):
+    """Each engine gets an interleaved share in one call and streams replies back as they finish
+    (window 1: one at a time), not batch by batch; every conversation is answered once."""
+    asked = [[{"role": "user", "content": f"Count from {i} to {i + 5}."}] for i in range(5)]
+    sampling = SamplingSpec(temperature=0.0, top_p=1.0, max_tokens=8, seed=0)
+    streamed = list(cluster.llm(GenerationConfig()).chat_batches(asked, sampling, 1))
+    assert [len(rows) for rows, _ in streamed] == [1] * 5
+    assert sorted(row for rows, _ in streamed for row in rows) == [0, 1, 2, 3, 4]
+    assert all(c.output_tokens > 0 and c.error is None for _, completions in streamed for c in completions)
+
+
+def test_an_engine_wider_than_the_cluster_is_refused(cluster):
+    with pytest.raises(QCGError, match="one engine needs 2 GPUs .* the cluster has 0"):
+        cluster.engine_actors(object, count=1, gpus_each=2)
 
 
 def test_add_documents_on_ray_equals_one_process(tmp_path, cluster, embedder):
