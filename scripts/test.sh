@@ -9,4 +9,4 @@ scripts/install.sh dev
 "$PY" -m ruff format --check --quiet .
 "$PY" -m ruff check --quiet .
 "$PY" -m mypy
-"$PY" -m pytest -q "$@"
+"$PY" -m pytest -q --durations=15 "$@"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sqlite3
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -17,6 +18,7 @@ from qcg_gpu.knn import knn_graph
 from qcg_gpu.llm import Completion, LLMBackend
 from qcg_gpu.nodes import split_sentences
 
+from .conftest import sample_docs
 from .test_knn import brute_force
 
 pytestmark = pytest.mark.llm
@@ -52,11 +54,22 @@ def _config(tmp_path, **node_options) -> IndexConfig:
     return config
 
 
-@pytest.fixture
-def built(tmp_path, few_docs, vllm_backend, embedder):
+@pytest.fixture(scope="module")
+def generation(tmp_path_factory, vllm_backend, embedder):
+    """One real build of the four chunks, shared by the tests that read it or reuse its replies."""
+    root = tmp_path_factory.mktemp("built")
     llm = Recording(vllm_backend)
-    summary = build_index(few_docs, tmp_path / "idx", _config(tmp_path), llm=llm, embedder=embedder)
-    return tmp_path / "idx", summary, llm
+    summary = build_index(sample_docs(root / "docs", 4), root / "idx", _config(root), llm=llm, embedder=embedder)
+    return root, summary, llm
+
+
+@pytest.fixture
+def built(generation, tmp_path):
+    """The shared build; its replies are copied into this test's cache, so ``_config(tmp_path)`` builds hit them."""
+    root, summary, llm = generation
+    with sqlite3.connect(root / "cache.sqlite") as source, sqlite3.connect(tmp_path / "cache.sqlite") as copy:
+        source.backup(copy)
+    return root / "idx", summary, llm
 
 
 def test_index_on_disk_format(built, embedder):
@@ -119,13 +132,16 @@ def test_rerun_hits_the_cache_and_rebuilds_identically(built, tmp_path, few_docs
 
 
 def test_fresh_caches_give_the_same_pairs(built, tmp_path, few_docs, vllm_backend, embedder):
-    # the engine has sampled other requests since: per-request seeds make that irrelevant
-    first, _, _ = built
-    fresh = tmp_path / "fresh"
-    summary = build_index(few_docs, fresh / "idx", _config(fresh), llm=vllm_backend, embedder=embedder)
-    assert summary.cached_chunks == 0 and summary.generated_chunks > 0
-    assert load_table(fresh / "idx", "pairs").equals(load_table(first, "pairs"))
-    assert "per-request seeds" in read_manifest(fresh / "idx")["models"]["llm_reproducibility"]
+    """Two builds with empty caches, the engine sampling other requests in between: per-request seeds
+    make that irrelevant. Both find these prompts in vLLM's prefix cache (the shared build put them
+    there): on this CPU a late token can differ between a cached and an uncached prefill."""
+    tables = []
+    for fresh in (tmp_path / "fresh", tmp_path / "again"):
+        summary = build_index(few_docs, fresh / "idx", _config(fresh), llm=vllm_backend, embedder=embedder)
+        assert summary.cached_chunks == 0 and summary.generated_chunks > 0
+        tables.append(load_table(fresh / "idx", "pairs"))
+    assert tables[0].equals(tables[1])
+    assert "per-request seeds" in read_manifest(tmp_path / "fresh" / "idx")["models"]["llm_reproducibility"]
 
 
 def test_stored_replies_replay_a_generation_without_loading_an_llm(
@@ -184,8 +200,8 @@ def test_a_stored_generation_rebuilds_its_index_with_no_other_flag(tmp_path, few
     assert (settings["generation"]["m"], settings["chunking"]["chunk_tokens"]) == (3, 150)
 
 
-def test_a_build_that_changes_a_stored_generations_settings_says_so(tmp_path, few_docs, vllm_backend, embedder):
-    config = _config(tmp_path)
+def test_a_build_that_changes_a_stored_generations_settings_says_so(built, tmp_path, few_docs, vllm_backend, embedder):
+    config = _config(tmp_path)  # its replies come from the shared build's cache
     config.generation.replies_out = str(tmp_path / "replies.parquet")
     build_index(few_docs, tmp_path / "made", config, llm=vllm_backend, embedder=embedder)
     other = _config(tmp_path / "fresh")  # an empty cache of its own
