@@ -3,7 +3,7 @@ a grid of M (each chunk's first M pairs of the stored M = 20 generation), alpha,
 gamma x n and h, each QCG variant derived in memory from one built index (no LLM), next to
 naive RAG, D2Q and D2Q-- on the same index.
 
-    python benchmarks/lihuaworld/remedies.py INDEX OUT.csv [--data DIR]
+    python benchmarks/lihuaworld/remedies.py INDEX OUT.csv [--data DIR] [--max-pairs 5 10]
 
 Prints one markdown row per setting (R@5 overall / multi / single, RR@5) and writes them all to
 OUT.csv. M < 20 here keeps the first M pairs the LLM wrote when asked for 20, an approximation
@@ -57,6 +57,9 @@ def main() -> None:
     parser.add_argument("index", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument(
+        "--max-pairs", type=int, nargs="+", default=GRID["max_pairs"], help="each chunk's first M pairs"
+    )
     args = parser.parse_args()
 
     index = QCGIndex.load(args.index)
@@ -68,7 +71,7 @@ def main() -> None:
     for method in ("naive", "d2q", "d2q-minus"):
         rows.append({"method": method, **scores(index, search(index, vectors, base, method, embedder), questions)})
         print(rows[-1], flush=True)
-    for max_pairs, alpha, nodes in itertools.product(GRID["max_pairs"], GRID["alpha"], GRID["nodes"]):
+    for max_pairs, alpha, nodes in itertools.product(args.max_pairs, GRID["alpha"], GRID["nodes"]):
         variant = derive_index(index, alpha=alpha, nodes=nodes, max_pairs=max_pairs, embedder=embedder)
         for (gamma, n), hops in itertools.product(GRID["seeds"], GRID["hops"]):
             config = RetrievalConfig(gamma=gamma, n=n, hops=hops, top_k=5)
