@@ -110,7 +110,7 @@ def test_a_request_the_engine_refuses_fails_alone(vllm_backend):
 
 def test_the_token_meter_counts_tokens_before_any_reply_finishes(vllm_backend):
     """The bar's count moves while requests run, never exceeds one token a request per engine step
-    (an earlier estimate counted requests still waiting, ~10,000 tok/s while a grammar compiled), and
+    (an earlier estimate counted requests still waiting for their prefill: ~10,000 tok/s at the start), and
     ends at the replies' true total."""
     from tqdm import tqdm
 
