@@ -13,7 +13,10 @@
 #      VLLM_CPU_KVCACHE_SPACE=4 qcg index build $DATA/docs OUT --model qwen2.5-coder-1.5b --m 20 --top-p 1.0 \
 #          --repetition-penalty 1.0 --compact-json --batch-chunks 64 \
 #          --replies-out benchmarks/lihuaworld/replies-qwen2.5-coder-1.5b-partial.parquet
-#    (renamed to replies-qwen2.5-coder-1.5b.parquet once it covers every chunk).
+#      VLLM_CPU_KVCACHE_SPACE=4 qcg index build $DATA/docs OUT --model qwen2.5-coder-1.5b --m 10 --prompt quoted \
+#          --top-p 1.0 --repetition-penalty 1.0 --compact-json --batch-chunks 64 \
+#          --replies-out benchmarks/lihuaworld/replies-qwen2.5-coder-1.5b-quoted-partial.parquet
+#    (each renamed without -partial once it covers every chunk).
 #    A file named ...-partial.parquet is a generation still under way: resume it with the same
 #    command plus --replies-in FILE (it generates only the chunks the file lacks).
 # 2. retrieval: every method and node-text ablation, and the paper's four sweeps, scored by
