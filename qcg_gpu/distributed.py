@@ -193,11 +193,12 @@ class RayLLM(LLMBackend):
         self.config, self.cluster = config, cluster
         self.model_name = llm_name(config)
         self.group = config.tensor_parallel_size * config.pipeline_parallel_size
+        self.multi_gpu = bool(cluster.gpus) and self.group > 1  # each engine spans a group of GPUs
 
     @property
     def workers(self) -> int:
         """Engines: one per worker, or per group of GPUs when an engine spans several."""
-        if self.cluster.gpus and self.group > 1:
+        if self.multi_gpu:
             return max(1, min(self.cluster.workers, self.cluster.gpus // self.group))
         return self.cluster.workers
 
@@ -210,7 +211,7 @@ class RayLLM(LLMBackend):
 
     def _engines(self, sampling: SamplingSpec, count: int) -> list:
         generation = dataclasses.asdict(self.config)
-        if self.cluster.gpus and self.group > 1:
+        if self.multi_gpu:
             engine_args = {**self.config.extra_engine_args(), "distributed_executor_backend": "ray"}
             generation["engine_args"] = json.dumps(engine_args)
             return self.cluster.engine_actors(_LLMWorker, generation, sampling, count=count, gpus_each=self.group)
@@ -221,7 +222,7 @@ class RayLLM(LLMBackend):
             return
         ray = self.cluster.ray
         engines = self._engines(sampling, min(self.workers, len(conversations)))
-        shares = [list(range(len(conversations)))[i :: len(engines)] for i in range(len(engines))]
+        shares = [list(range(i, len(conversations), len(engines))) for i in range(len(engines))]
         streams = [
             engine.stream.options(num_returns="streaming").remote(share, [conversations[r] for r in share], batch_size)
             for engine, share in zip(engines, shares)
