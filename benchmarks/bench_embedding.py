@@ -1,11 +1,14 @@
-"""What batch-invariant embedding costs: qcg's fixed-shape batches against sentence-transformers'
-own batching (padded to each batch's longest text), side by side on the same texts.
+"""What batch-invariant embedding costs: qcg's fixed-shape batches, at each batch size asked,
+against sentence-transformers' own batching (padded to each batch's longest text), side by side
+on the same texts.
 
-    python benchmarks/bench_embedding.py [--texts 2000] [--repeat 3]
+    python benchmarks/bench_embedding.py [--texts 2000] [--repeat 3] [--batch-sizes 32 128]
 
-Texts: the bundled LiHuaWorld sample's lines (short, like q + a nodes and sentences) and its
-chat logs cut into ~1,000-character pieces (like windows of long chunks). Prints texts/s of
-both and their ratio, per kind, as JSON lines; the CPU's model name comes first.
+Texts: the bundled LiHuaWorld sample's lines (short, like q + a nodes and sentences), its chat
+logs cut into ~1,000-character pieces (like windows of long chunks), and its 26 logs whole (a
+small job, like the quickstart's chunks: few texts per padded length, so a large fixed batch
+is mostly copies). Prints texts/s of each and the time ratios, per kind, as JSON lines; the
+CPU's model name comes first.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qcg_gpu.embedding import Embedder
+from qcg_gpu.embedding import BATCH_SIZE, Embedder
 
 SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lihuaworld_sample" / "docs"
 
@@ -35,6 +38,8 @@ def cpu_name() -> str:
 
 def texts_of(kind: str, n: int) -> list[str]:
     logs = [p.read_text() for p in sorted(SAMPLE.rglob("*.txt"))]
+    if kind == "whole_logs":
+        return logs
     if kind == "lines":
         pool = [line for log in logs for line in log.splitlines() if line.strip()]
     else:
@@ -46,27 +51,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--texts", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[BATCH_SIZE, 128])
     args = parser.parse_args()
-    embedder = Embedder(device="cpu", long_texts="truncate")
+    embedder = Embedder(device="cpu")
     print(json.dumps({"cpu": cpu_name(), "torch_threads": __import__("torch").get_num_threads()}))
-    for kind in ("lines", "pieces"):
+    for kind in ("lines", "pieces", "whole_logs"):
         texts = texts_of(kind, args.texts)
-        times: dict[str, list[float]] = {"fixed_shapes": [], "sentence_transformers": []}
-        for _ in range(args.repeat):  # alternated, so both see the same machine
+        times: dict[str, list[float]] = {f"fixed_{b}": [] for b in args.batch_sizes}
+        times["sentence_transformers"] = []
+        for _ in range(args.repeat):  # alternated, so all see the same machine
+            for b in args.batch_sizes:
+                embedder.batch_size = b
+                start = time.perf_counter()
+                ours = embedder.encode(texts)
+                times[f"fixed_{b}"].append(time.perf_counter() - start)
             start = time.perf_counter()
-            ours = embedder.encode(texts)
-            times["fixed_shapes"].append(time.perf_counter() - start)
-            start = time.perf_counter()
-            theirs = embedder.model.encode(texts, batch_size=embedder.batch_size, normalize_embeddings=True)
+            pieces = embedder.windows.split(texts)  # sentence-transformers would cut long texts
+            theirs = embedder.model.encode(pieces.pieces, batch_size=BATCH_SIZE, normalize_embeddings=True)
+            theirs = pieces.pool(theirs, len(texts)) if pieces.windowed else theirs
             times["sentence_transformers"].append(time.perf_counter() - start)
         best = {name: min(t) for name, t in times.items()}
+        st = best["sentence_transformers"]
         print(
             json.dumps(
                 {
                     "texts": kind,
                     "n": len(texts),
                     **{f"{name}_texts_per_s": round(len(texts) / s, 1) for name, s in best.items()},
-                    "fixed_over_st_time": round(best["fixed_shapes"] / best["sentence_transformers"], 2),
+                    **{
+                        f"{name}_over_st_time": round(s / st, 2)
+                        for name, s in best.items()
+                        if name != "sentence_transformers"
+                    },
                     "max_abs_difference": float(np.abs(ours - theirs).max()),
                 }
             )

@@ -248,7 +248,7 @@ class NodeConfig:
         None, "Torch device for embedding and kNN (default: cuda when present, else cpu).", runtime=True
     )
     embed_batch_size: int = option(
-        128,
+        32,
         "Texts per embedder batch. Every batch has this many rows, so an embedding depends on the text and this "
         "number only (an update uses the index's).",
     )

@@ -27,11 +27,19 @@ from .log import progress_bar
 from .models import DEFAULT_EMBEDDER, resolve_model
 
 LONG_TEXT_MODES = ("mean", "truncate")
+# Rows per batch. Small enough that a few leftover texts of one padded length do not pay for a full
+# batch of copies, large enough to keep the GEMMs efficient (per-row rates within 10% of 128 rows on
+# a 2-core Xeon; see benchmarks/RESULTS.md).
+BATCH_SIZE = 32
 
 
 class Embedder:
     def __init__(
-        self, model: str | None = None, device: str | None = None, batch_size: int = 128, long_texts: str = "mean"
+        self,
+        model: str | None = None,
+        device: str | None = None,
+        batch_size: int = BATCH_SIZE,
+        long_texts: str = "mean",
     ):
         if long_texts not in LONG_TEXT_MODES:
             raise QCGError(f"long_texts must be one of {', '.join(LONG_TEXT_MODES)}, got {long_texts!r}")
