@@ -6,7 +6,8 @@
 Each measurement runs once in one process and once on a local Ray cluster (``--workers``):
 
 1. ``qcg index`` with sentence nodes (no LLM: embedding and kNN) over ``--limit`` documents;
-2. ``qcg index`` with q+a nodes over ``--llm-limit`` documents, fresh caches (both generate every chunk),
+2. ``qcg index`` with q+a nodes over ``--llm-limit`` documents, fresh caches (each generates every chunk),
+   on Ray both with qcg's engine actors and with ray.data.llm's processor (``--ray-llm actors|data``),
    greedy decoding (``--temperature 0``) so that both runs write about the same replies: with sampling,
    one reply that runs on to ``max_tokens`` in one run and not in the other decides the comparison;
 3. retrieval of ``--queries`` queries over ``bench_retrieval.py``'s synthetic index of ``--nodes`` nodes,
@@ -77,19 +78,17 @@ def same_data(a: Path, b: Path) -> bool:
     )
 
 
-def compare_builds(name: str, docs: Path, work: Path, options: list[str], workers: int) -> dict:
+def compare_builds(name: str, docs: Path, work: Path, options: list[str], workers: int, variants=None) -> dict:
+    """One process against each Ray variant (label -> extra options; default: plain ``--ray``)."""
     one = timed_build(docs, work / f"{name}-one", options + ["--cache", str(work / f"{name}-one.sqlite")])
-    ray = timed_build(
-        docs,
-        work / f"{name}-ray",
-        options + ["--cache", str(work / f"{name}-ray.sqlite"), "--ray", "--ray-workers", str(workers)],
-    )
-    row = {
-        "what": f"build, {name}",
-        "one_process": one,
-        "ray": ray,
-        "ray_over_one": round(ray["wall_s"] / one["wall_s"], 2),
-    }
+    row: dict = {"what": f"build, {name}", "one_process": one}
+    for label, extra in (variants or {"ray": []}).items():
+        ray = timed_build(
+            docs,
+            work / f"{name}-{label}",
+            options + ["--cache", str(work / f"{name}-{label}.sqlite"), "--ray", "--ray-workers", str(workers), *extra],
+        )
+        row[label], row[f"{label}_over_one"] = ray, round(ray["wall_s"] / one["wall_s"], 2)
     if name == "sentence":  # no LLM: the same index expected byte for byte
         row["identical"] = same_data(work / f"{name}-one", work / f"{name}-ray")
     return row
@@ -166,6 +165,8 @@ def main() -> None:
                 work,
                 common + ["--m", str(args.m), "--temperature", "0"],
                 args.workers,
+                # qcg's engine actors and ray.data.llm's processor (the GPU cluster default), side by side
+                {"ray": ["--ray-llm", "actors"], "ray_data_llm": ["--ray-llm", "data"]},
             )
         )
         print(json.dumps(rows[-1]), flush=True)

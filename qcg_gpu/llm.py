@@ -296,9 +296,10 @@ class TokenMeter:
             self.bar.set_postfix_str(f"{tokens:,} output tokens, {tokens / elapsed:.1f} tok/s")
 
 
-def engine_settings(config: GenerationConfig, path: str) -> dict:
-    """``vllm.LLM``'s keyword arguments for ``config`` and the model at ``path``."""
-    on_gpu = with_cuda()
+def engine_settings(config: GenerationConfig, path: str, on_gpu: bool | None = None) -> dict:
+    """``vllm.LLM``'s keyword arguments for ``config`` and the model at ``path``, for an engine on a GPU
+    (``on_gpu``; default: whether this process sees one)."""
+    on_gpu = with_cuda() if on_gpu is None else on_gpu
     kwargs: dict = dict(
         model=path,
         seed=config.seed,

@@ -12,7 +12,7 @@ import pytest
 from qcg_gpu import build_index
 from qcg_gpu.cli import main
 from qcg_gpu.config import GenerationConfig, RayConfig
-from qcg_gpu.distributed import RayCluster
+from qcg_gpu.distributed import RayCluster, RayDataLLM
 from qcg_gpu.errors import QCGError
 from qcg_gpu.incremental import add_documents
 from qcg_gpu.index_format import read_manifest
@@ -81,6 +81,26 @@ def test_pair_build_on_ray_with_real_vllm_equals_one_process(tmp_path, cluster, 
     generation = config.generation
     logged = [json.loads(line) for line in throughput_log(generation).read_text().splitlines()]
     assert [run["workers"] for run in logged] == [2] and measured_runs(generation, logged[0]["model"]) == []
+
+
+@pytest.mark.llm
+def test_pair_build_through_ray_data_llm_equals_one_process(tmp_path, cluster, embedder):
+    """--ray-llm data: ray.data.llm's vLLM processor (on CPU bundles here) generates every chunk's
+    pairs, cached under the same keys, so one process reading that cache builds the same index."""
+    assert not cluster.uses_ray_data_llm()  # 'auto' keeps the engine actors on a CPU cluster
+    cluster.release()  # the processor's engines need the workers' cores
+    data = RayCluster(RayConfig(ray=True, ray_workers=2, ray_llm="data"))
+    assert isinstance(data.llm(GenerationConfig()), RayDataLLM)
+    docs, config = sample_docs(tmp_path / "docs", 2), _config(tmp_path)
+    try:
+        on_ray = build_index(docs, tmp_path / "ray", config, cluster=data)
+    finally:
+        data.release()
+    assert on_ray.generated_chunks == 2 and not on_ray.failed_chunks and on_ray.pairs_kept > 0
+    assert on_ray.generated_output_tokens > 0
+    one = build_index(docs, tmp_path / "one", config, embedder=embedder)
+    assert one.generated_chunks == 0 and one.cached_chunks == 2
+    assert_identical(tmp_path / "ray", tmp_path / "one", also_differs=("llm_tokens",))
 
 
 @pytest.mark.llm
