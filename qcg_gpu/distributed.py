@@ -304,8 +304,8 @@ class RayDataLLM(RayLLM):
             for i, conversation in enumerate(conversations)
         ]
         engines = min(self.workers, len(conversations))
-        # Rows per engine call: the window split over Ray Data's batches in flight, so that an engine holds
-        # about ``batch_size`` requests and is refilled as each batch finishes.
+        # Rows per Ray Data batch: a quarter of the window. The processor keeps up to 8 batches in flight
+        # per engine, so an engine is refilled batch by batch as earlier ones finish instead of draining.
         processor = self.processor(engines, max(1, batch_size // 4))
         bar = progress_bar(total=len(conversations), desc="LLM replies", unit="chunk")
         try:
