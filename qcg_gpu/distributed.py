@@ -228,8 +228,24 @@ class RayLLM(LLMBackend):
         return self.cluster.actors(_LLMWorker, generation, sampling, count=count)
 
     def chat_batches(self, conversations, sampling: SamplingSpec, batch_size: int):
+        """(rows, completions) as replies finish (:meth:`_replies`), with a progress bar; a failure
+        on Ray ends the run with one line."""
         if not conversations:
             return
+        bar = progress_bar(total=len(conversations), desc="LLM replies", unit="chunk")
+        try:
+            for rows, completions in self._replies(conversations, sampling, batch_size):
+                bar.update(len(rows))
+                yield rows, completions
+        except self.cluster.ray.exceptions.RayError as exc:
+            raise QCGError(
+                f"generation on Ray failed (the replies that finished are cached; rerun to go on): {exc}"
+            ) from exc
+        finally:
+            bar.close()
+
+    def _replies(self, conversations, sampling: SamplingSpec, batch_size: int):
+        """Each engine actor's share in one streaming call; its replies as they come back."""
         ray = self.cluster.ray
         engines = self._engines(sampling, min(self.workers, len(conversations)))
         shares = [list(range(i, len(conversations), len(engines))) for i in range(len(engines))]
@@ -237,23 +253,12 @@ class RayLLM(LLMBackend):
             engine.stream.options(num_returns="streaming").remote(share, [conversations[r] for r in share], batch_size)
             for engine, share in zip(engines, shares)
         ]
-        bar = progress_bar(total=len(conversations), desc="LLM replies", unit="chunk")
-        try:
-            while streams:
-                [ready], _ = ray.wait(streams, num_returns=1)
-                try:
-                    rows, completions = ray.get(next(ready))
-                except StopIteration:
-                    streams.remove(ready)
-                    continue
-                bar.update(len(rows))
-                yield rows, completions
-        except ray.exceptions.RayError as exc:
-            raise QCGError(
-                f"generation on Ray failed (the replies that finished are cached; rerun to go on): {exc}"
-            ) from exc
-        finally:
-            bar.close()
+        while streams:
+            [ready], _ = ray.wait(streams, num_returns=1)
+            try:
+                yield ray.get(next(ready))
+            except StopIteration:
+                streams.remove(ready)
 
 
 class RayDataLLM(RayLLM):
@@ -295,10 +300,8 @@ class RayDataLLM(RayLLM):
         )
         return llm.build_processor(config, preprocess=_request_row, postprocess=_reply_row)
 
-    def chat_batches(self, conversations, sampling: SamplingSpec, batch_size: int):
-        if not conversations:
-            return
-        ray = self.cluster.ray
+    def _replies(self, conversations, sampling: SamplingSpec, batch_size: int):
+        """The conversations as Ray Data rows through the processor; each reply as its row comes back."""
         rows = [
             {"row": i, "messages": conversation, "sampling_params": ray_sampling(sampling, conversation)}
             for i, conversation in enumerate(conversations)
@@ -307,17 +310,8 @@ class RayDataLLM(RayLLM):
         # Rows per Ray Data batch: a quarter of the window. The processor keeps up to 8 batches in flight
         # per engine, so an engine is refilled batch by batch as earlier ones finish instead of draining.
         processor = self.processor(engines, max(1, batch_size // 4))
-        bar = progress_bar(total=len(conversations), desc="LLM replies", unit="chunk")
-        try:
-            for out in processor(ray.data.from_items(rows)).iter_rows():
-                bar.update(1)
-                yield [int(out["row"])], [_completion_of_row(out)]
-        except ray.exceptions.RayError as exc:
-            raise QCGError(
-                f"generation on Ray failed (the replies that finished are cached; rerun to go on): {exc}"
-            ) from exc
-        finally:
-            bar.close()
+        for out in processor(self.cluster.ray.data.from_items(rows)).iter_rows():
+            yield [int(out["row"])], [_completion_of_row(out)]
 
 
 def ray_sampling(sampling: SamplingSpec, conversation) -> dict:
