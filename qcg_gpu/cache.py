@@ -15,6 +15,7 @@ from .models import cache_dir
 
 # Parquet schema metadata of a stored generation: the settings its keys were made with (JSON).
 SETTINGS_KEY = b"qcg.generation"
+STREAM_ROWS = 4096  # replies per batch when a stored generation is written or read
 
 
 class GenerationCache:
@@ -61,40 +62,48 @@ class GenerationCache:
 
     def export_parquet(self, keys: list[str], path: str | Path, settings: dict | None = None) -> int:
         """Write the replies of ``keys`` to a Parquet file (key, reply JSON), atomically, with the
-        ``settings`` that made them as metadata; returns the row count."""
+        ``settings`` that made them as metadata; returns the row count. Streamed, STREAM_ROWS rows
+        at a time: a whole corpus's replies are never in memory at once."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        entries = self.get_many(keys)
-        rows = [(key, json.dumps(entries[key], ensure_ascii=False)) for key in keys if key in entries]
-        table = pa.table({"key": [k for k, _ in rows], "value": [v for _, v in rows]})
+        schema = pa.schema({"key": pa.string(), "value": pa.string()})
         if settings is not None:
-            table = table.replace_schema_metadata({SETTINGS_KEY: json.dumps(settings, sort_keys=True)})
+            schema = schema.with_metadata({SETTINGS_KEY: json.dumps(settings, sort_keys=True)})
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        pq.write_table(table, tmp, compression="zstd", compression_level=19)
+        tmp, rows = path.with_name(f".{path.name}.tmp"), 0
+        with pq.ParquetWriter(tmp, schema, compression="zstd", compression_level=19) as writer:
+            for start in range(0, len(keys), STREAM_ROWS):
+                batch = keys[start : start + STREAM_ROWS]
+                entries = self.get_many(batch)
+                found = [key for key in batch if key in entries]
+                values = [json.dumps(entries[key], ensure_ascii=False) for key in found]
+                writer.write_table(pa.table({"key": found, "value": values}, schema=schema))
+                rows += len(found)
         tmp.replace(path)  # a reader (or a kill mid-write) never sees half a file
-        return len(rows)
+        return rows
 
     def import_parquet(self, path: str | Path) -> set[str]:
-        """Add the replies of a file written by :meth:`export_parquet`; returns their keys (unreadable rows are
-        skipped)."""
+        """Add the replies of a file written by :meth:`export_parquet`, STREAM_ROWS rows at a time;
+        returns their keys (unreadable rows are skipped)."""
         import pyarrow.parquet as pq
 
         if not Path(path).is_file():
             raise QCGError(f"stored replies file not found: {path}")
+        keys: set[str] = set()
         try:
-            table = pq.read_table(path, columns=["key", "value"])
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=STREAM_ROWS, columns=["key", "value"]):
+                entries = {}
+                for key, value in zip(batch.column("key").to_pylist(), batch.column("value").to_pylist()):
+                    entry = self._decode(value)
+                    if isinstance(key, str) and entry is not None:
+                        entries[key] = entry
+                self.put_many(entries)
+                keys.update(entries)
         except (OSError, ValueError, KeyError) as exc:
             raise QCGError(f"cannot read stored replies {path}: {exc}") from exc
-        entries = {}
-        for key, value in zip(table.column("key").to_pylist(), table.column("value").to_pylist()):
-            entry = self._decode(value)
-            if isinstance(key, str) and entry is not None:
-                entries[key] = entry
-        self.put_many(entries)
-        return set(entries)
+        return keys
 
     def __len__(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM replies").fetchone()[0]

@@ -515,12 +515,24 @@ class RayConfig:
         ("auto", "actors", "data"),
         runtime=True,
     )
+    ray_shard_chunks: int = option(
+        8192,
+        "Chunks per shard of a --ray build: the driver holds one shard's texts, pairs and embeddings at a time "
+        "(a few per worker in flight), never the corpus.",
+        runtime=True,
+    )
 
     def validate(self) -> RayConfig:
         if self.ray_workers is not None and self.ray_workers < 1:
             raise QCGError(f"ray_workers must be >= 1, got {self.ray_workers}")
-        if not self.ray and (self.ray_address != "local" or self.ray_workers is not None or self.ray_llm != "auto"):
-            raise QCGError("--ray-address, --ray-workers and --ray-llm apply only with --ray")
+        if self.ray_shard_chunks < 1:
+            raise QCGError(f"ray_shard_chunks must be >= 1, got {self.ray_shard_chunks}")
+        defaults = RayConfig()
+        if not self.ray and any(
+            getattr(self, name) != getattr(defaults, name)
+            for name in ("ray_address", "ray_workers", "ray_llm", "ray_shard_chunks")
+        ):
+            raise QCGError("--ray-address, --ray-workers, --ray-llm and --ray-shard-chunks apply only with --ray")
         return self
 
 

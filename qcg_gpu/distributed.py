@@ -74,7 +74,7 @@ class RayCluster:
         )
         self._actors: list = []  # the stage holding the workers now (one stage at a time: each takes all of them)
         self._groups: list = []  # the placement groups reserved for that stage's multi-GPU engines
-        self._actor_class = None
+        self._actor_key: tuple | None = None  # (class, arguments) of the current actors
         self._shared: dict[int, tuple] = {}  # id(obj) -> (obj, object ref): each object goes to the object store once
 
     def release(self) -> None:
@@ -83,7 +83,7 @@ class RayCluster:
             self.ray.kill(actor)
         for group in self._groups:
             self.ray.util.remove_placement_group(group)
-        self._actors, self._actor_class, self._groups = [], None, []
+        self._actors, self._actor_key, self._groups = [], None, []
 
     def llm(self, config: GenerationConfig) -> RayLLM:
         """Doc2Query engines on the workers: ray.data.llm's processor or qcg's own actors (``--ray-llm``)."""
@@ -102,12 +102,23 @@ class RayCluster:
     def knn_graph(self, embeddings: np.ndarray, k: int, backend: str = "auto", device: str | None = None) -> KnnGraph:
         """:func:`knn.knn_graph` with its row blocks searched and ranked by Ray tasks."""
         emb = np.ascontiguousarray(embeddings, dtype=np.float32)
-        n = len(emb)
+        return self.knn_graph_of(self.ray.put(emb), len(emb), k, backend, device)
+
+    def knn_graph_of_parts(self, parts, k: int, backend: str = "auto", device: str | None = None) -> KnnGraph:
+        """The kNN graph of the rows of ``parts`` (float32 row blocks, in order), put into the object
+        store one at a time and joined there by a task: this process never holds them all."""
+        refs, n = [], 0
+        for part in parts:
+            refs.append(self.ray.put(np.ascontiguousarray(part, dtype=np.float32)))
+            n += len(part)
+        return self.knn_graph_of(self.ray.remote(_concatenate).remote(*refs), n, k, backend, device)
+
+    def knn_graph_of(self, shared, n: int, k: int, backend: str = "auto", device: str | None = None) -> KnnGraph:
+        """The kNN graph of the ``n`` float32 rows in the object store at ``shared``."""
         k_eff = degree(k, n)
         if k_eff == 0:
             return KnnGraph.from_rows(np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32))
         self.release()
-        shared = self.ray.put(emb)
         blocks = [b for b in np.array_split(np.arange(n), self.workers * 4) if len(b)]
         task = self.ray.remote(**self.worker_resources)(_knn_rows)
         futures = [task.remote(shared, int(b[0]), int(b[-1]) + 1, k_eff, backend, device) for b in blocks]
@@ -116,17 +127,17 @@ class RayCluster:
 
     def actors(self, cls, *args, reuse: bool = False, count: int | None = None) -> list:
         """One actor of ``cls`` per worker (or ``count`` of them), each with its share of the cluster;
-        ``reuse`` keeps the current ones when they are already of ``cls`` (they hold state worth
-        keeping: loaded indexes)."""
-        if reuse and self._actor_class is cls and self._actors:
+        ``reuse`` keeps the current ones when they were made the same way (they hold state worth
+        keeping: loaded indexes, loaded engines)."""
+        if reuse and self._actor_key == (cls, args) and self._actors:
             return self._actors
         self.release()
         actor = self.ray.remote(**self.worker_resources)(cls)
         self._actors = [actor.remote(*args) for _ in range(count or self.workers)]
-        self._actor_class = cls
+        self._actor_key = (cls, args)
         return self._actors
 
-    def engine_actors(self, cls, *args, count: int, gpus_each: int) -> list:
+    def engine_actors(self, cls, *args, count: int, gpus_each: int, reuse: bool = False) -> list:
         """``count`` actors of ``cls``, each an engine spanning ``gpus_each`` GPUs (tensor x pipeline
         parallel size > 1): the actor takes none itself, and a placement group of ``gpus_each``
         one-GPU bundles, packed on one node where it fits, is reserved for it and captured by the
@@ -137,6 +148,8 @@ class RayCluster:
             raise QCGError(
                 f"one engine needs {gpus_each} GPUs (tensor x pipeline parallel size), the cluster has {self.gpus}"
             )
+        if reuse and self._actor_key == (cls, args) and self._actors:
+            return self._actors
         self.release()
         actor = self.ray.remote(cls)
         for _ in range(count):
@@ -144,7 +157,7 @@ class RayCluster:
             placed = PlacementGroupSchedulingStrategy(group, placement_group_capture_child_tasks=True)
             self._groups.append(group)
             self._actors.append(actor.options(num_gpus=0, scheduling_strategy=placed).remote(*args))
-        self._actor_class = cls
+        self._actor_key = (cls, args)
         return self._actors
 
     def share(self, obj):
@@ -152,6 +165,10 @@ class RayCluster:
         if id(obj) not in self._shared:
             self._shared[id(obj)] = (obj, self.ray.put(obj))
         return self._shared[id(obj)][1]
+
+
+def _concatenate(*parts: np.ndarray) -> np.ndarray:
+    return np.concatenate(parts)
 
 
 def _knn_rows(emb: np.ndarray, start: int, stop: int, k: int, backend: str, device: str | None):
@@ -175,19 +192,18 @@ def gather(ray, futures: list, desc: str | None = None) -> list:
 class _LLMWorker:
     """One LLM backend per actor, loaded once; each call streams its share's replies as they finish."""
 
-    def __init__(self, generation: dict, sampling: SamplingSpec):
+    def __init__(self, generation: dict):
         from .llm import make_backend
 
         if not with_cuda():  # Ray gives each actor its cores (OMP_NUM_THREADS); vLLM must not pin to all of them
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
         quiet()  # the driver shows the progress; one bar per engine would bury it
         self.llm = make_backend(GenerationConfig(**generation))
-        self.sampling = sampling
 
-    def stream(self, rows: list[int], conversations: list, window: int):
+    def stream(self, rows: list[int], conversations: list, sampling: SamplingSpec, window: int):
         """(rows, completions) as requests finish: the engine keeps ``window`` requests in flight and
         takes the next as each one finishes, so it never drains until its share is done."""
-        for positions, completions in self.llm.chat_batches(conversations, self.sampling, window):
+        for positions, completions in self.llm.chat_batches(conversations, sampling, window):
             yield [rows[i] for i in positions], completions
 
 
@@ -219,13 +235,14 @@ class RayLLM(LLMBackend):
                 out[row] = completion
         return out
 
-    def _engines(self, sampling: SamplingSpec, count: int) -> list:
+    def _engines(self, count: int) -> list:
+        """The engines: loaded on the first call, kept for the next ones (a sharded build asks shard by shard)."""
         generation = dataclasses.asdict(self.config)
         if self.multi_gpu:
             engine_args = {**self.config.extra_engine_args(), "distributed_executor_backend": "ray"}
             generation["engine_args"] = json.dumps(engine_args)
-            return self.cluster.engine_actors(_LLMWorker, generation, sampling, count=count, gpus_each=self.group)
-        return self.cluster.actors(_LLMWorker, generation, sampling, count=count)
+            return self.cluster.engine_actors(_LLMWorker, generation, count=count, gpus_each=self.group, reuse=True)
+        return self.cluster.actors(_LLMWorker, generation, count=count, reuse=True)
 
     def chat_batches(self, conversations, sampling: SamplingSpec, batch_size: int):
         """(rows, completions) as replies finish (:meth:`_replies`), with a progress bar; a failure
@@ -247,11 +264,14 @@ class RayLLM(LLMBackend):
     def _replies(self, conversations, sampling: SamplingSpec, batch_size: int):
         """Each engine actor's share in one streaming call; its replies as they come back."""
         ray = self.cluster.ray
-        engines = self._engines(sampling, min(self.workers, len(conversations)))
+        engines = self._engines(min(self.workers, len(conversations)))
         shares = [list(range(i, len(conversations), len(engines))) for i in range(len(engines))]
         streams = [
-            engine.stream.options(num_returns="streaming").remote(share, [conversations[r] for r in share], batch_size)
+            engine.stream.options(num_returns="streaming").remote(
+                share, [conversations[r] for r in share], sampling, batch_size
+            )
             for engine, share in zip(engines, shares)
+            if share
         ]
         while streams:
             [ready], _ = ray.wait(streams, num_returns=1)
@@ -357,12 +377,15 @@ def _completion_of_row(out: dict) -> Completion:
 
 
 class _EmbedWorker:
-    def __init__(self, model: str | None, device: str | None, batch_size: int, cpu_threads: int):
+    def __init__(
+        self, model: str | None, device: str | None, batch_size: int, cpu_threads: int, long_texts: str = "truncate"
+    ):
         import torch
 
         from .embedding import Embedder
 
-        self.embedder = Embedder(model, device, batch_size, long_texts="truncate")  # the driver splits long texts
+        # "truncate": RayEmbedder's driver splits long texts itself
+        self.embedder = Embedder(model, device, batch_size, long_texts)
         if self.embedder.device == "cpu":
             # CPU GEMMs round differently with another thread count: use the driver's, so each text gets
             # the bits one process would give it (Ray's one thread per CPU asked would not).

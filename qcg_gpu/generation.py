@@ -27,45 +27,71 @@ def generate_pairs(
 ) -> Pairs:
     """Pairs of every chunk: stored and cached replies reused, the rest generated (the LLM is
     loaded only when some chunk has no reply yet)."""
-    gen = config.generation
-    settings = reply_settings(config, model_name)
-    cache = GenerationCache(generation_cache(gen))
-    keys = [doc2query.cache_key(c.text, model_name, gen) for c in chunks]
-    if gen.replies_in:
-        summary.notes += check_stored_settings(gen.replies_in, settings)
-        stored = cache.import_parquet(gen.replies_in)
-        summary.stored_chunks = sum(key in stored for key in keys)
-    replies = cache.get_many(list(set(keys)))
-    summary.cache_corrupt = cache.corrupt
-    summary.cached_chunks = sum(key in replies for key in keys)
-    missing = list(dict.fromkeys(i for i, key in enumerate(keys) if key not in replies))
+    doc2query_run = Doc2QueryRun(llm, model_name, config, summary)
+    try:
+        return doc2query_run.pairs(chunks)
+    finally:
+        doc2query_run.close()
 
-    last_shared = [0.0]
 
-    def share(every_s: float = 0.0):  # rewritten at most every ``every_s`` seconds while generating, and at the end
-        if gen.replies_out and time.monotonic() - last_shared[0] >= every_s:
-            cache.export_parquet(list(dict.fromkeys(k for k in keys if k in replies)), gen.replies_out, settings)
-            last_shared[0] = time.monotonic()
+class Doc2QueryRun:
+    """The generate stage of one build, over its chunks in one list or shard by shard (a Ray build):
+    the stored generation is imported once, every shard's replies are cached as they arrive, and
+    ``--replies-out`` holds every chunk seen so far."""
 
-    failed: dict[str, str] = {}
-    if missing:
-        with stage(summary, "load_llm"):
-            llm = llm or make_backend(gen)
-        with stage(summary, "generate"):
-            _generate_missing(
-                chunks, keys, missing, llm, gen, cache, replies, failed, summary, lambda: share(every_s=SHARE_EVERY_S)
-            )
-        record_throughput(
-            gen,
-            model_name,
-            summary.generated_chunks,
-            summary.generated_output_tokens,
-            summary.seconds["generate"],
-            workers=getattr(llm, "workers", 1),
-        )  # a RayLLM runs one engine per worker
-    share()
-    cache.close()
-    return _parse_replies(keys, replies, failed, gen, summary)
+    def __init__(self, llm: LLMBackend | None, model_name: str, config: IndexConfig, summary: IndexSummary):
+        self.llm, self.model_name, self.gen, self.summary = llm, model_name, config.generation, summary
+        self.settings = reply_settings(config, model_name)
+        self.cache = GenerationCache(generation_cache(self.gen))
+        self.stored: set[str] | None = None
+        if self.gen.replies_in:
+            summary.notes += check_stored_settings(self.gen.replies_in, self.settings)
+            self.stored = self.cache.import_parquet(self.gen.replies_in)
+            summary.stored_chunks = 0
+        self.seen = dict[str, None]()  # every chunk key so far, in order (an ordered set): --replies-out's rows
+        self.last_shared = 0.0
+
+    def pairs(self, chunks: list[Chunk], first_chunk: int = 0) -> Pairs:
+        """The valid pairs of ``chunks`` (numbered from 0 in ``chunks``; ``first_chunk`` numbers their
+        failures in the summary, which counts the whole build)."""
+        gen, summary = self.gen, self.summary
+        keys = [doc2query.cache_key(c.text, self.model_name, gen) for c in chunks]
+        self.seen.update(dict.fromkeys(keys))
+        if self.stored is not None:
+            summary.stored_chunks = (summary.stored_chunks or 0) + sum(key in self.stored for key in keys)
+        replies = self.cache.get_many(list(set(keys)))
+        summary.cache_corrupt = self.cache.corrupt
+        summary.cached_chunks += sum(key in replies for key in keys)
+        missing = list(dict.fromkeys(i for i, key in enumerate(keys) if key not in replies))
+        failed: dict[str, str] = {}
+        if missing:
+            with stage(summary, "load_llm"):
+                self.llm = self.llm or make_backend(gen)
+            with stage(summary, "generate"):
+                _generate_missing(
+                    chunks, keys, missing, self.llm, gen, self.cache, replies, failed, summary, self.share
+                )
+        return _parse_replies(chunks, keys, replies, failed, gen, summary, first_chunk)
+
+    def share(self, every_s: float = SHARE_EVERY_S) -> None:
+        """Rewrite --replies-out with every reply so far, at most every ``every_s`` seconds."""
+        if self.gen.replies_out and time.monotonic() - self.last_shared >= every_s:
+            self.cache.export_parquet(list(self.seen), self.gen.replies_out, self.settings)
+            self.last_shared = time.monotonic()
+
+    def close(self) -> None:
+        """Log the run's generation rate, write --replies-out a last time, close the cache."""
+        if self.summary.generated_chunks and "generate" in self.summary.seconds:  # not timed: it failed
+            record_throughput(
+                self.gen,
+                self.model_name,
+                self.summary.generated_chunks,
+                self.summary.generated_output_tokens,
+                self.summary.seconds["generate"],
+                workers=getattr(self.llm, "workers", 1),
+            )  # a RayLLM runs one engine per worker
+        self.share(every_s=0.0)
+        self.cache.close()
 
 
 def reply_settings(config: IndexConfig, model_name: str) -> dict:
@@ -126,11 +152,14 @@ def _generate_missing(
         after_batch()
 
 
-def _parse_replies(keys: list[str], replies: dict, failed: dict, gen, summary: IndexSummary) -> Pairs:
+def _parse_replies(
+    chunks: list[Chunk], keys: list[str], replies: dict, failed: dict, gen, summary: IndexSummary, first_chunk: int
+) -> Pairs:
     chunk_ids, gen_index, questions, answers = [], [], [], []
     for chunk_id, key in enumerate(keys):
         if key in failed:
-            summary.failed_chunks.append((chunk_id, failed[key]))
+            summary.failed_chunks.append((first_chunk + chunk_id, failed[key]))
+            summary.failed_documents.setdefault(chunks[chunk_id].doc_id, failed[key])
             continue
         reply = replies[key]
         summary.prompt_tokens += int(reply.get("prompt_tokens") or 0)
@@ -139,7 +168,7 @@ def _parse_replies(keys: list[str], replies: dict, failed: dict, gen, summary: I
         parsed = doc2query.parse_pairs(reply["text"], gen.m)
         summary.dropped.update(parsed.dropped)
         if not parsed.pairs:
-            summary.empty_chunks.append(chunk_id)
+            summary.empty_chunks.append(first_chunk + chunk_id)
         for number, (question, answer) in enumerate(parsed.pairs):
             chunk_ids.append(chunk_id)
             gen_index.append(number)

@@ -11,11 +11,14 @@ for them. A new index is assembled in a hidden sibling directory and renamed int
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
 import time
 import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +32,18 @@ SUPERSEDED = ".superseded"
 MANIFEST = "manifest.json"
 TABLES = ("chunks", "pairs", "nodes")
 ARRAYS = ("node_embeddings", "chunk_embeddings", "pair_embeddings", "knn_indptr", "knn_indices", "knn_scores")
+# Rows per Parquet row group: fixed, so that a table written in parts (a sharded build) gives the
+# same file, byte for byte, as the whole table.
+ROW_GROUP_ROWS = 8192
+
+
+@dataclass
+class ArrayParts:
+    """An array given as its row blocks in order, so that it is written without ever being whole."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    parts: Iterable[np.ndarray]
 
 
 def _sha256(path: Path) -> str:
@@ -65,13 +80,36 @@ class IndexWriter:
         self.files: dict[str, str] = {}
 
     def write_table(self, name: str, table) -> None:
+        """A table, whole (a pyarrow Table) or as its parts in order (an iterable of Tables, at least one)."""
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(table, self.data / f"{name}.parquet", compression="zstd")
+        parts = iter([table] if isinstance(table, pa.Table) else table)
+        first = next(parts)
+        with pq.ParquetWriter(self.data / f"{name}.parquet", first.schema, compression="zstd") as writer:
+            pending = first.slice(0, 0)  # rows not yet in a row group
+            for part in itertools.chain([first], parts):
+                pending = pa.concat_tables([pending, part])
+                while pending.num_rows >= ROW_GROUP_ROWS:
+                    writer.write_table(pending.slice(0, ROW_GROUP_ROWS), row_group_size=ROW_GROUP_ROWS)
+                    pending = pending.slice(ROW_GROUP_ROWS)
+            if pending.num_rows:
+                writer.write_table(pending, row_group_size=ROW_GROUP_ROWS)
         self.files[f"{name}.parquet"] = _sha256(self.data / f"{name}.parquet")
 
-    def write_array(self, name: str, array: np.ndarray) -> None:
-        np.save(self.data / f"{name}.npy", np.ascontiguousarray(array), allow_pickle=False)
+    def write_array(self, name: str, array: np.ndarray | ArrayParts) -> None:
+        """An array, whole or as :class:`ArrayParts` (the same .npy file either way)."""
+        if isinstance(array, np.ndarray):
+            array = ArrayParts(array.shape, array.dtype, [array])
+        header = {"descr": np.lib.format.dtype_to_descr(array.dtype), "fortran_order": False, "shape": array.shape}
+        with open(self.data / f"{name}.npy", "wb") as fh:
+            np.lib.format.write_array_header_1_0(fh, header)
+            rows = 0
+            for part in array.parts:
+                fh.write(np.ascontiguousarray(part, dtype=array.dtype).tobytes())
+                rows += len(part)
+        if rows != array.shape[0]:
+            raise QCGError(f"{name}: {rows} rows written, {array.shape[0]} announced")
         self.files[f"{name}.npy"] = _sha256(self.data / f"{name}.npy")
 
     def commit(self, manifest: dict) -> Path:

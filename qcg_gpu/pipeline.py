@@ -13,12 +13,12 @@ from .embedding import Embedder
 from .generation import generate_pairs
 from .index_format import check_writable
 from .llm import LLMBackend, llm_name
+from .sharded import build_on_cluster
 from .stages import (
     IndexSummary,
     Pairs,
     build_graph,
     build_manifest,
-    check_cluster_graph,
     embed_and_select,
     index_tables,
     load_embedder,
@@ -41,8 +41,8 @@ def build_index(
     """Build a QCG index of the documents at ``input_path`` into the directory ``out``.
 
     ``llm`` and ``embedder`` may be passed in to reuse loaded models across builds. With a
-    ``cluster`` (:class:`distributed.RayCluster`), generation, embedding and the kNN graph
-    run on its workers and give the same index. Progress goes through the ``qcg_gpu`` logger
+    ``cluster`` (:class:`distributed.RayCluster`), the build runs shard by shard on its workers
+    (:mod:`sharded`) and gives the same index. Progress goes through the ``qcg_gpu`` logger
     (``log.py``: INFO shows it, WARNING hides it).
     """
     config = (config or IndexConfig()).validate()
@@ -50,8 +50,7 @@ def build_index(
     check_writable(out, overwrite)
     summary = IndexSummary(out=out)
     if cluster is not None:
-        check_cluster_graph(config)
-        llm = llm or cluster.llm(config.generation)
+        return build_on_cluster(input_path, out, config, cluster, llm, summary)
 
     with stage(summary, "chunk"):
         chunks = read_chunks(input_path, config, summary)
@@ -62,14 +61,14 @@ def build_index(
         pairs = generate_pairs(chunks, llm, model_name, config, summary)
 
     with stage(summary, "load_embedder"):
-        embedder = embedder or load_embedder(config.nodes, cluster)
+        embedder = embedder or load_embedder(config.nodes)
     windowed_before = embedder.windowed_texts  # a passed-in embedder may have counted other builds' texts
     with stage(summary, "embed"):
         embedded = embed_and_select(chunks, pairs, config.nodes, embedder)
     summary.texts_over_windows = embedder.windowed_texts - windowed_before
 
     with stage(summary, "knn"):
-        graph = build_graph(embedded.node_embeddings, config, cluster)
+        graph = build_graph(embedded.node_embeddings, config)
 
     summary.pairs_valid, summary.pairs_kept = len(pairs), len(pairs.kept_rows())
     summary.nodes, summary.edges = len(embedded.nodes.text), len(graph.indices)
@@ -83,7 +82,7 @@ def build_index(
         index_tables(chunks, pairs, embedded.nodes),
         arrays,
         graph,
-        build_manifest(config, summary, model_name, embedder, chunks),
+        build_manifest(config, summary, model_name, embedder),
         summary,
     )
     return summary

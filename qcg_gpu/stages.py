@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.metadata
 import time
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,7 @@ class IndexSummary:
     skipped: list = field(default_factory=list)  # (document or line, reason)
     dropped: Counter = field(default_factory=Counter)  # pair drop reason -> count
     failed_chunks: list = field(default_factory=list)  # (chunk_id, error): no reply, retried on the next run
+    failed_documents: dict = field(default_factory=dict)  # doc_id -> the first error among its chunks
     empty_chunks: list = field(default_factory=list)  # chunk ids whose reply held no valid pair
     cached_chunks: int = 0
     stored_chunks: int | None = None  # chunks whose reply the --replies-in file held (None: no file given)
@@ -101,9 +103,10 @@ class IndexSummary:
 
 
 @contextmanager
-def stage(summary: IndexSummary, name: str):
-    """Time a stage into ``summary.seconds`` (and say that it starts)."""
-    logger.info(f"{name} ...")
+def stage(summary: IndexSummary, name: str, quiet: bool = False):
+    """Time a stage into ``summary.seconds`` (and say that it starts, unless ``quiet``)."""
+    if not quiet:
+        logger.info(f"{name} ...")
     start = time.perf_counter()
     yield
     summary.seconds[name] = summary.seconds.get(name, 0.0) + time.perf_counter() - start
@@ -168,17 +171,26 @@ class Embedded:
 
 def read_chunks(input_path, config: IndexConfig, summary: IndexSummary) -> list[Chunk]:
     """Read the documents at ``input_path`` (streamed) and cut them into token windows."""
-    tokenizer = load_tokenizer(config.chunking.tokenizer)
-    skips, chunks = SkipLog(), list[Chunk]()
-    for doc in progress_bar(read_documents(input_path, skips), desc="chunk documents", unit="doc"):
-        summary.documents += 1
-        chunks += chunk_document(doc.doc_id, doc.pieces(), tokenizer, config.chunking)
+    skips = SkipLog()
+    chunks = list(iter_chunks(input_path, config, summary, skips))
     summary.skipped = skips.items
     summary.chunks = len(chunks)
     if not chunks:
-        reasons = "; ".join(f"{what}: {why}" for what, why in skips.items[:5])
-        raise QCGError(f"no usable documents in {input_path}" + (f" (skipped {reasons})" if reasons else ""))
+        raise no_chunks_error(input_path, skips)
     return chunks
+
+
+def iter_chunks(input_path, config: IndexConfig, summary: IndexSummary, skips: SkipLog) -> Iterator[Chunk]:
+    """The chunks of the documents at ``input_path`` as they are read (``summary`` counts the documents)."""
+    tokenizer = load_tokenizer(config.chunking.tokenizer)
+    for doc in progress_bar(read_documents(input_path, skips), desc="chunk documents", unit="doc"):
+        summary.documents += 1
+        yield from chunk_document(doc.doc_id, doc.pieces(), tokenizer, config.chunking)
+
+
+def no_chunks_error(input_path, skips: SkipLog) -> QCGError:
+    reasons = "; ".join(f"{what}: {why}" for what, why in skips.items[:5])
+    return QCGError(f"no usable documents in {input_path}" + (f" (skipped {reasons})" if reasons else ""))
 
 
 def load_embedder(config: NodeConfig, cluster=None) -> Embedder:
@@ -309,11 +321,10 @@ def package_versions() -> dict:
     return found
 
 
-def build_manifest(
-    config: IndexConfig, summary: IndexSummary, llm_name: str | None, embedder: Embedder, chunks: list[Chunk]
-) -> dict:
+def build_manifest(config: IndexConfig, summary: IndexSummary, llm_name: str | None, embedder) -> dict:
     """The manifest of a full build: its settings, models, counts, tokens and timings, and the
-    documents whose generation failed (``qcg index retry`` takes them up)."""
+    documents whose generation failed (``qcg index retry`` takes them up). ``embedder`` is the
+    one used, or what describes it (its model_name, dim, max_tokens and batch_size)."""
     settings = config.to_dict()
     settings["nodes"]["embed_batch_size"] = embedder.batch_size  # what was used: a passed-in embedder may differ
     return {
@@ -347,6 +358,6 @@ def build_manifest(
         "stage_seconds": summary.seconds,
         "skipped": summary.skipped,
         "failed_chunks": summary.failed_chunks,
-        "failed_documents": {chunks[c].doc_id: error for c, error in reversed(summary.failed_chunks)},
+        "failed_documents": summary.failed_documents,
         "versions": package_versions(),
     }

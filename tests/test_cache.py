@@ -31,3 +31,26 @@ def test_many_keys_beyond_sqlite_parameter_limit(tmp_path):
     cache = GenerationCache(tmp_path / "c.sqlite")
     cache.put_many({str(i): {"text": str(i)} for i in range(1200)})
     assert len(cache.get_many([str(i) for i in range(1300)])) == 1200
+
+
+def test_a_stored_generation_is_written_and_read_in_batches(tmp_path):
+    """More replies than one batch (STREAM_ROWS): all of them go out in the keys' order, missing
+    keys left out, with the settings; a fresh cache reads every one back."""
+    import pyarrow.parquet as pq
+
+    from qcg_gpu.cache import STREAM_ROWS, stored_settings
+
+    n = 2 * STREAM_ROWS + 5
+    cache = GenerationCache(tmp_path / "c.sqlite")
+    cache.put_many({f"k{i}": {"text": f"reply {i}", "output_tokens": i} for i in range(n)})
+    keys = [f"k{i}" for i in reversed(range(n))] + ["missing"]
+    assert cache.export_parquet(keys, tmp_path / "out.parquet", {"generation": {"m": 3}}) == n
+    file = pq.ParquetFile(tmp_path / "out.parquet")
+    assert file.metadata.num_row_groups == 3 and file.read().column("key").to_pylist() == keys[:-1]
+    assert stored_settings(tmp_path / "out.parquet") == {"generation": {"m": 3}}
+    fresh = GenerationCache(tmp_path / "fresh.sqlite")
+    assert fresh.import_parquet(tmp_path / "out.parquet") == set(keys[:-1])
+    assert fresh.get_many(["k0", f"k{n - 1}"]) == {
+        "k0": {"text": "reply 0", "output_tokens": 0},
+        f"k{n - 1}": {"text": f"reply {n - 1}", "output_tokens": n - 1},
+    }

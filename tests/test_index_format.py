@@ -33,7 +33,7 @@ def test_failure_while_writing_keeps_the_previous_index(tmp_path, monkeypatch):
     def crash(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(index_format.np, "save", crash)
+    monkeypatch.setattr(index_format.np.lib.format, "write_array_header_1_0", crash)
     writer = IndexWriter(out)
     writer.write_table("chunks", pa.table({"chunk_id": [0]}))
     with pytest.raises(OSError):

@@ -1,0 +1,280 @@
+"""The index build on a Ray cluster, shard by shard, so that the driver never holds the corpus.
+
+One process holds every chunk's text, pairs and embeddings at once: about 40 KB a chunk at
+M = 20, 4 GB per 100k chunks. The driver of a Ray build streams the corpus through in shards of
+``--ray-shard-chunks`` chunks instead, and keeps per chunk only its bookkeeping (its reply key):
+
+1. chunk and generate: documents are read and cut as they stream in; each shard's chunks without
+   a reply go to the engines on the workers (:class:`distributed.RayLLM`, loaded once for all
+   shards), each reply is cached as it arrives, and the shard's chunks and parsed pairs are staged.
+2. embed: each staged shard goes to an embedder actor, which embeds its chunks and pairs, selects
+   the pairs (Doc2Query--) and makes the nodes (:func:`stages.embed_and_select`); what comes back
+   is staged and dropped.
+3. kNN: the nodes' embeddings go to the object store shard by shard and are joined there
+   (:meth:`distributed.RayCluster.knn_graph_of_parts`); row blocks are searched by tasks.
+4. write: each index file is streamed from the staged shards in order, renumbered.
+
+The staging directory sits next to the output, on the driver's disk (workers send their results
+back through the object store, so no shared filesystem is needed), and is removed at the end,
+whatever happens. The index equals the one-process build's byte for byte: the same replies (the
+generation cache), the same bits per embedding (:mod:`embedding`), Parquet row groups of a fixed
+size (:mod:`index_format`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .capabilities import require
+from .chunking import Chunk
+from .config import IndexConfig, NodeConfig
+from .distributed import RayCluster, _EmbedWorker
+from .documents import SkipLog
+from .generation import Doc2QueryRun
+from .index_format import TABLES, ArrayParts
+from .log import progress_bar, quiet
+from .stages import (
+    IndexSummary,
+    Pairs,
+    build_manifest,
+    check_cluster_graph,
+    embed_and_select,
+    index_tables,
+    iter_chunks,
+    no_chunks_error,
+    stage,
+    write_index,
+)
+
+
+def build_on_cluster(
+    input_path, out: Path, config: IndexConfig, cluster: RayCluster, llm=None, summary: IndexSummary | None = None
+) -> IndexSummary:
+    """:func:`pipeline.build_index` on ``cluster``, shard by shard (see the module's docstring)."""
+    check_cluster_graph(config)
+    summary = summary or IndexSummary(out=out)
+    staging = Staging(out.with_name(f".{out.name}.shards-{uuid.uuid4().hex[:12]}"))
+    try:
+        model_name = None
+        if config.nodes.nodes != "sentence":
+            llm = llm or cluster.llm(config.generation)
+            model_name = llm.model_name
+        _chunk_and_generate(input_path, config, llm, model_name, summary, staging, cluster.config.ray_shard_chunks)
+        embedder = _embed(staging, config.nodes, cluster, summary)
+        with stage(summary, "knn"):
+            graph = cluster.knn_graph_of_parts(
+                (staging.array(i, "node_embeddings") for i in staging.shards()),
+                config.graph.knn_k,
+                config.graph.knn_backend,
+                config.nodes.device,
+            )
+        summary.edges = len(graph.indices)
+        manifest = build_manifest(config, summary, model_name, embedder)
+        tables = staging.index_tables(from_pairs=model_name is not None)
+        write_index(out, tables, staging.index_arrays(config.nodes), graph, manifest, summary)
+    finally:
+        staging.remove()
+    for leftover in out.parent.glob(f".{out.name}.shards-*"):  # of builds killed before they ended
+        shutil.rmtree(leftover, ignore_errors=True)
+    return summary
+
+
+def _chunk_and_generate(
+    input_path, config: IndexConfig, llm, model_name, summary: IndexSummary, staging: Staging, shard_chunks: int
+) -> None:
+    """Stage the corpus's chunks and their parsed pairs, ``shard_chunks`` chunks a shard."""
+    skips = SkipLog()
+    chunks = _timed(iter_chunks(input_path, config, summary, skips), summary, "chunk")
+    doc2query = Doc2QueryRun(llm, model_name, config, summary) if model_name else None
+    try:
+        while shard := list(itertools.islice(chunks, shard_chunks)):
+            pairs = doc2query.pairs(shard, first_chunk=summary.chunks) if doc2query else Pairs.empty()
+            staging.put_input(shard, pairs)
+            summary.chunks += len(shard)
+            summary.pairs_valid += len(pairs)
+    finally:
+        if doc2query:
+            doc2query.close()
+    summary.skipped = skips.items
+    if not summary.chunks:
+        raise no_chunks_error(input_path, skips)
+
+
+def _timed(items: Iterator, summary: IndexSummary, name: str) -> Iterator:
+    """``items`` with the time spent making them added to ``summary``'s stage ``name``."""
+    while True:
+        with stage(summary, name, quiet=True):
+            item = next(items, None)
+        if item is None:
+            return
+        yield item
+
+
+class _ShardWorker(_EmbedWorker):
+    """An embedder per actor, kept for the whole build; each call does one shard's embed stage."""
+
+    def __init__(self, nodes: NodeConfig, cpu_threads: int):
+        super().__init__(nodes.embedder, nodes.device, nodes.embed_batch_size, cpu_threads, nodes.long_texts)
+        self.nodes = nodes
+        quiet()  # the driver shows the progress by shard
+
+    def embed_shard(self, shard: int, chunks: list[Chunk], pairs: Pairs) -> dict:
+        """The shard's index tables (numbered from 0 within it) and embeddings, and what it counted."""
+        windowed = self.embedder.windowed_texts
+        embedded = embed_and_select(chunks, pairs, self.nodes, self.embedder)
+        return {
+            "shard": shard,
+            "tables": index_tables(chunks, pairs, embedded.nodes),
+            "arrays": {
+                "chunk_embeddings": embedded.chunk_embeddings,
+                "pair_embeddings": embedded.pair_embeddings,
+                "node_embeddings": embedded.node_embeddings,
+            },
+            "pairs_kept": len(pairs.kept_rows()),
+            "windowed": self.embedder.windowed_texts - windowed,
+        }
+
+
+@dataclass
+class EmbedderInfo:
+    """What the manifest records of the workers' embedder."""
+
+    model_name: str
+    dim: int
+    max_tokens: int
+    batch_size: int
+
+
+def _embed(staging: Staging, nodes: NodeConfig, cluster: RayCluster, summary: IndexSummary) -> EmbedderInfo:
+    """Each staged shard through an embedder actor (one shard in flight per worker); results staged."""
+    from ray.util import ActorPool
+
+    with stage(summary, "load_embedder"):
+        # CPU GEMMs round differently with another thread count: the workers use this process's
+        workers = cluster.actors(_ShardWorker, nodes, require("torch").get_num_threads())
+        model_name, dim, max_tokens = cluster.ray.get(workers[0].describe.remote())
+    with stage(summary, "embed"):
+        results = ActorPool(workers).map_unordered(
+            lambda worker, shard: worker.embed_shard.remote(shard, *staging.input(shard)), list(staging.shards())
+        )
+        for result in progress_bar(results, total=len(staging.counts), desc="embed shards", unit="shard"):
+            staging.put_output(result["shard"], result["tables"], result["arrays"])
+            summary.pairs_kept += result["pairs_kept"]
+            summary.texts_over_windows += result["windowed"]
+    cluster.release()
+    summary.nodes = sum(count["nodes"] for count in staging.counts)
+    return EmbedderInfo(model_name, dim, max_tokens, nodes.embed_batch_size)
+
+
+class Staging:
+    """The shards between the stages, on disk: each one's input (chunks and pairs) and output
+    (index tables numbered within the shard, embeddings); rows counted per shard."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        root.mkdir(parents=True)
+        self.counts: list[dict] = []  # per shard: chunks, pairs, nodes
+
+    def shards(self) -> range:
+        return range(len(self.counts))
+
+    def put_input(self, chunks: list[Chunk], pairs: Pairs) -> None:
+        shard = len(self.counts)
+        self._write(shard, "input_chunks", pa.Table.from_pylist([vars(c) for c in chunks]))
+        self._write(shard, "input_pairs", _pairs_table(pairs))
+        self.counts.append({"chunks": len(chunks), "pairs": len(pairs), "nodes": 0})
+
+    def input(self, shard: int) -> tuple[list[Chunk], Pairs]:
+        chunks = [Chunk(**row) for row in self._read(shard, "input_chunks").to_pylist()]
+        pairs = self._read(shard, "input_pairs")
+        return chunks, Pairs(
+            pairs.column("chunk_id").to_numpy().astype(np.int64),
+            pairs.column("gen_index").to_numpy().astype(np.int64),
+            pairs.column("question").to_pylist(),
+            pairs.column("answer").to_pylist(),
+        )
+
+    def put_output(self, shard: int, tables: dict, arrays: dict) -> None:
+        for name, table in tables.items():
+            self._write(shard, name, table)
+        for name, array in arrays.items():
+            np.save(self.root / f"{shard}-{name}.npy", array, allow_pickle=False)
+        self.counts[shard]["nodes"] = tables["nodes"].num_rows
+
+    def array(self, shard: int, name: str) -> np.ndarray:
+        return np.load(self.root / f"{shard}-{name}.npy", allow_pickle=False)
+
+    def index_tables(self, from_pairs: bool) -> dict[str, Iterable[pa.Table]]:
+        """Each index table as its shards' parts in order, numbered across the shards (``from_pairs``:
+        the nodes' source_index names pairs rows, else sentence numbers within a chunk)."""
+        return {name: self._table_parts(name, from_pairs) for name in TABLES}
+
+    def index_arrays(self, nodes: NodeConfig) -> dict[str, ArrayParts]:
+        """The embeddings as their shards' parts in order, in the types the index stores."""
+        dtypes = {
+            "chunk_embeddings": np.dtype(np.float32),
+            "pair_embeddings": np.dtype(nodes.embedding_dtype),
+            "node_embeddings": np.dtype(nodes.embedding_dtype),
+        }
+        rows = {"chunk_embeddings": "chunks", "pair_embeddings": "pairs", "node_embeddings": "nodes"}
+        dim = self.array(0, "chunk_embeddings").shape[1]
+        return {
+            name: ArrayParts(
+                (sum(count[rows[name]] for count in self.counts), dim),
+                dtype,
+                self._array_parts(name),
+            )
+            for name, dtype in dtypes.items()
+        }
+
+    def _table_parts(self, name: str, from_pairs: bool) -> Iterator[pa.Table]:
+        for shard in self.shards():
+            yield self._renumbered(shard, name, from_pairs)
+
+    def _array_parts(self, name: str) -> Iterator[np.ndarray]:
+        for shard in self.shards():
+            yield self.array(shard, name)
+
+    def _renumbered(self, shard: int, name: str, from_pairs: bool) -> pa.Table:
+        """A shard's table with its ids moved past the earlier shards' rows."""
+        first = {key: sum(count[key] for count in self.counts[:shard]) for key in ("chunks", "pairs", "nodes")}
+        table = self._read(shard, name)
+        offsets = {"chunk_id": first["chunks"]}
+        if name == "nodes":
+            offsets["node_id"] = first["nodes"]
+            if from_pairs:
+                offsets["source_index"] = first["pairs"]
+        for column, offset in offsets.items():
+            position = table.schema.get_field_index(column)
+            table = table.set_column(position, column, pc.add(table.column(column), offset))
+        return table
+
+    def _write(self, shard: int, name: str, table: pa.Table) -> None:
+        pq.write_table(table, self.root / f"{shard}-{name}.parquet")
+
+    def _read(self, shard: int, name: str) -> pa.Table:
+        return pq.read_table(self.root / f"{shard}-{name}.parquet")
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _pairs_table(pairs: Pairs) -> pa.Table:
+    return pa.table(
+        {
+            "chunk_id": pa.array(pairs.chunk_id, pa.int64()),
+            "gen_index": pa.array(pairs.gen_index, pa.int64()),
+            "question": pa.array(pairs.question, pa.string()),
+            "answer": pa.array(pairs.answer, pa.string()),
+        }
+    )
