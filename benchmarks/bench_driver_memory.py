@@ -2,13 +2,15 @@
 
 For each corpus size N: N synthetic one-chunk documents (JSONL) and a stored generation with a
 reply of --pairs pairs for every chunk (``--replies-in``: the replies are replayed, no LLM runs).
-Each build runs in a fresh process, and its peak resident memory (VmHWM) is read there:
+Each build runs in a fresh process, and its peak resident memory is read there: VmHWM, and the
+peaks of its private (RssAnon) and shared (RssShmem: Ray's object store) parts, sampled:
 
 * ``one``: the one-process build, which holds the corpus (texts, pairs, every embedding);
 * ``ray``: the sharded Ray build on a local cluster of --workers workers; only the driver's peak
   counts (Ray's workers, raylet and object store are other processes).
 
-Both builds embed for real, so the time goes into embedding 2 texts per chunk (1 + pairs).
+Both builds embed for real, so the time goes into embedding 1 + pairs texts per chunk (each
+under 16 word pieces, to keep 100k chunks within minutes on 2 cores).
 
     python benchmarks/bench_driver_memory.py --chunks 10000 100000
 """
@@ -20,6 +22,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -29,21 +32,15 @@ TOPICS = ("the rent", "a birthday", "the exam", "a new job", "the trip", "the ga
 
 
 def document(i: int) -> str:
-    """A short chat line, different for every i (a chunk of ~25 tokens)."""
+    """A short note, different for every i (under 16 word pieces: the embedder's cheapest shape)."""
     a, b, c = i % 8, (i // 8) % 8, (i // 64) % 8
-    return (
-        f"{NAMES[a]} met {NAMES[(a + b + 1) % 8]} at the {PLACES[b]} on day {i % 28 + 1} "
-        f"to talk about {TOPICS[c]}; it was meeting number {i}."
-    )
+    return f"{NAMES[a]}, {PLACES[b]}, {TOPICS[c]}, #{i}"
 
 
 def reply(i: int, pairs: int) -> str:
     """A Doc2Query reply with ``pairs`` pairs about document i."""
     a, b = i % 8, (i // 8) % 8
-    items = [
-        {"question": f"Where did {NAMES[a]} meet someone in meeting {i} ({k})?", "answer": f"the {PLACES[b]}"}
-        for k in range(pairs)
-    ]
+    items = [{"question": f"Where was {NAMES[a]} at #{i}?", "answer": f"the {PLACES[b]} ({k})"} for k in range(pairs)]
     return json.dumps({"pairs": items})
 
 
@@ -85,12 +82,33 @@ def config(root: Path, pairs: int):
     return cfg
 
 
-def peak_mb() -> float:
-    """This process's peak resident memory (VmHWM), MB."""
+def status_mb() -> dict[str, float]:
+    """This process's memory counters from /proc/self/status, MB."""
+    fields = ("VmHWM", "VmRSS", "RssAnon", "RssShmem")
+    found = {}
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
+        name, _, value = line.partition(":")
+        if name in fields:
+            found[name] = int(value.split()[0]) / 1024
+    return found
+
+
+class PeakSampler(threading.Thread):
+    """The largest private (RssAnon) and shared (RssShmem) resident memory, sampled every 20 ms.
+    VmHWM counts both: shared pages are Ray's object store, mapped into the driver where it put or
+    read objects."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak = {"RssAnon": 0.0, "RssShmem": 0.0}
+        self.running = True
+
+    def run(self) -> None:
+        while self.running:
+            now = status_mb()
+            for name in self.peak:
+                self.peak[name] = max(self.peak[name], now.get(name, 0.0))
+            time.sleep(0.02)
 
 
 def one_build(mode: str, root: Path, pairs: int, workers: int, shard_chunks: int) -> dict:
@@ -101,19 +119,29 @@ def one_build(mode: str, root: Path, pairs: int, workers: int, shard_chunks: int
     quiet()
     cluster = None
     if mode == "ray":
+        import torch
+
+        torch.set_num_threads(1)  # the workers take the driver's thread count: one core each, as Ray shares them
         from qcg_gpu.config import RayConfig
         from qcg_gpu.distributed import RayCluster
 
         cluster = RayCluster(RayConfig(ray=True, ray_workers=workers, ray_shard_chunks=shard_chunks))
+    sampler = PeakSampler()
+    sampler.start()
     start = time.perf_counter()
     summary = build_index(root / "docs.jsonl", root / f"index-{mode}", config(root, pairs), cluster=cluster)
+    seconds = time.perf_counter() - start
+    sampler.running = False
+    sampler.join()
     assert summary.generated_chunks == 0 and summary.stored_chunks == summary.chunks, "replies must be replayed"
     return {
         "mode": mode,
         "chunks": summary.chunks,
         "nodes": summary.nodes,
-        "peak_mb": round(peak_mb()),
-        "seconds": round(time.perf_counter() - start, 1),
+        "peak_mb": round(status_mb()["VmHWM"]),
+        "peak_private_mb": round(sampler.peak["RssAnon"]),
+        "peak_shared_mb": round(sampler.peak["RssShmem"]),
+        "seconds": round(seconds, 1),
         "stage_seconds": {k: round(v, 1) for k, v in summary.seconds.items()},
     }
 

@@ -1,7 +1,8 @@
 """Scale-out on Ray: the index build and batch retrieval split over workers (GPUs, nodes).
 
 The single-process code is reused step by step; Ray only decides where each heavy step
-runs, with the same inputs and outputs:
+runs, with the same inputs and outputs. A full build goes shard by shard (:mod:`sharded`,
+over the pieces here); ``--add`` uses them on its new chunks directly.
 
 * Doc2Query generation (:class:`RayLLM`): the chunks that have no reply yet, shared out
   to one vLLM engine per worker (per tensor x pipeline parallel group of GPUs on a GPU
@@ -9,10 +10,11 @@ runs, with the same inputs and outputs:
   it finishes. The driver caches each one as it arrives, so a failure loses nothing
   finished, exactly like the single-process build. :class:`RayDataLLM` runs the same engines
   through ray.data.llm's vLLM processor (``--ray-llm``; the default on GPU clusters).
-* Embedding (:class:`RayEmbedder`): one embedder per worker, kept for the whole build;
-  blocks of batches go to whichever worker is free.
-* kNN graph (:meth:`RayCluster.knn_graph`): row blocks searched and ranked exactly by
-  tasks over the embeddings in Ray's shared-memory object store, then concatenated.
+* Embedding: one embedder per worker, kept for the whole build: each takes whole shards
+  (``sharded._ShardWorker``) or, for ``--add``, blocks of batches (:class:`RayEmbedder`).
+* kNN graph (:meth:`RayCluster.knn_graph`, ``knn_graph_of_parts``): row blocks searched and
+  ranked exactly by tasks over the embeddings in Ray's shared-memory object store, then
+  concatenated.
 * Retrieval (``retrieval/ray_backend.py``): each worker holds the index (through the
   object store, zero-copy), the queries are split in order and the results put back together.
 
