@@ -106,14 +106,12 @@ class RayCluster:
         emb = np.ascontiguousarray(embeddings, dtype=np.float32)
         return self.knn_graph_of(self.ray.put(emb), len(emb), k, backend, device)
 
-    def knn_graph_of_parts(self, parts, k: int, backend: str = "auto", device: str | None = None) -> KnnGraph:
-        """The kNN graph of the rows of ``parts`` (float32 row blocks, in order), put into the object
-        store one at a time and joined there by a task: this process never holds them all."""
-        refs, n = [], 0
-        for part in parts:
-            refs.append(self.ray.put(np.ascontiguousarray(part, dtype=np.float32)))
-            n += len(part)
-        return self.knn_graph_of(self.ray.remote(_concatenate).remote(*refs), n, k, backend, device)
+    def knn_graph_of_parts(
+        self, parts: list, n: int, k: int, backend: str = "auto", device: str | None = None
+    ) -> KnnGraph:
+        """The kNN graph of ``n`` rows given as ``parts``: object refs of float32 row blocks, in order,
+        made by the workers. A task joins them in the object store: this process never holds them."""
+        return self.knn_graph_of(self.ray.remote(_concatenate).remote(*parts), n, k, backend, device)
 
     def knn_graph_of(self, shared, n: int, k: int, backend: str = "auto", device: str | None = None) -> KnnGraph:
         """The kNN graph of the ``n`` float32 rows in the object store at ``shared``."""

@@ -48,7 +48,8 @@ class Doc2QueryRun:
             summary.notes += check_stored_settings(self.gen.replies_in, self.settings)
             self.stored = self.cache.import_parquet(self.gen.replies_in)
             summary.stored_chunks = 0
-        self.seen = dict[str, None]()  # every chunk key so far, in order (an ordered set): --replies-out's rows
+        # --replies-out's rows: every chunk key so far, in order (an ordered set); kept only for it
+        self.seen = dict[str, None]()
         self.last_shared = 0.0
 
     def pairs(self, chunks: list[Chunk], first_chunk: int = 0) -> Pairs:
@@ -56,7 +57,8 @@ class Doc2QueryRun:
         failures in the summary, which counts the whole build)."""
         gen, summary = self.gen, self.summary
         keys = [doc2query.cache_key(c.text, self.model_name, gen) for c in chunks]
-        self.seen.update(dict.fromkeys(keys))
+        if gen.replies_out:
+            self.seen.update(dict.fromkeys(keys))
         if self.stored is not None:
             summary.stored_chunks = (summary.stored_chunks or 0) + sum(key in self.stored for key in keys)
         replies = self.cache.get_many(list(set(keys)))

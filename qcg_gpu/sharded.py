@@ -10,7 +10,7 @@ M = 20, 4 GB per 100k chunks. The driver of a Ray build streams the corpus throu
 2. embed: each staged shard goes to an embedder actor, which embeds its chunks and pairs, selects
    the pairs (Doc2Query--) and makes the nodes (:func:`stages.embed_and_select`); what comes back
    is staged and dropped.
-3. kNN: the nodes' embeddings go to the object store shard by shard and are joined there
+3. kNN: the nodes' embeddings, left in the object store by the embedder actors, are joined there
    (:meth:`distributed.RayCluster.knn_graph_of_parts`); row blocks are searched by tasks.
 4. write: each index file is streamed from the staged shards in order, renumbered.
 
@@ -70,13 +70,10 @@ def build_on_cluster(
             llm = llm or cluster.llm(config.generation)
             model_name = llm.model_name
         _chunk_and_generate(input_path, config, llm, model_name, summary, staging, cluster.config.ray_shard_chunks)
-        embedder = _embed(staging, config.nodes, cluster, summary)
+        embedder, node_embeddings = _embed(staging, config.nodes, cluster, summary)
         with stage(summary, "knn"):
             graph = cluster.knn_graph_of_parts(
-                (staging.array(i, "node_embeddings") for i in staging.shards()),
-                config.graph.knn_k,
-                config.graph.knn_backend,
-                config.nodes.device,
+                node_embeddings, summary.nodes, config.graph.knn_k, config.graph.knn_backend, config.nodes.device
             )
         summary.edges = len(graph.indices)
         manifest = build_manifest(config, summary, model_name, embedder)
@@ -128,8 +125,9 @@ class _ShardWorker(_EmbedWorker):
         self.nodes = nodes
         quiet()  # the driver shows the progress by shard
 
-    def embed_shard(self, shard: int, chunks: list[Chunk], pairs: Pairs) -> dict:
-        """The shard's index tables (numbered from 0 within it) and embeddings, and what it counted."""
+    def embed_shard(self, shard: int, chunks: list[Chunk], pairs: Pairs) -> tuple[dict, np.ndarray]:
+        """The shard's index tables (numbered from 0 within it), embeddings and counts, and apart
+        (a second return value, left in the object store for the kNN tasks) its node embeddings."""
         windowed = self.embedder.windowed_texts
         embedded = embed_and_select(chunks, pairs, self.nodes, self.embedder)
         return {
@@ -142,7 +140,7 @@ class _ShardWorker(_EmbedWorker):
             },
             "pairs_kept": len(pairs.kept_rows()),
             "windowed": self.embedder.windowed_texts - windowed,
-        }
+        }, embedded.node_embeddings
 
 
 @dataclass
@@ -155,25 +153,40 @@ class EmbedderInfo:
     batch_size: int
 
 
-def _embed(staging: Staging, nodes: NodeConfig, cluster: RayCluster, summary: IndexSummary) -> EmbedderInfo:
-    """Each staged shard through an embedder actor (one shard in flight per worker); results staged."""
-    from ray.util import ActorPool
-
+def _embed(
+    staging: Staging, nodes: NodeConfig, cluster: RayCluster, summary: IndexSummary
+) -> tuple[EmbedderInfo, list]:
+    """Each staged shard through an embedder actor, one shard in flight per worker; results staged.
+    Returns the embedder's description and object refs of the shards' node embeddings: made by the
+    workers and left in the object store, so that this process never holds them all."""
+    ray = cluster.ray
     with stage(summary, "load_embedder"):
         # CPU GEMMs round differently with another thread count: the workers use this process's
         workers = cluster.actors(_ShardWorker, nodes, require("torch").get_num_threads())
-        model_name, dim, max_tokens = cluster.ray.get(workers[0].describe.remote())
-    with stage(summary, "embed"):
-        results = ActorPool(workers).map_unordered(
-            lambda worker, shard: worker.embed_shard.remote(shard, *staging.input(shard)), list(staging.shards())
-        )
-        for result in progress_bar(results, total=len(staging.counts), desc="embed shards", unit="shard"):
+        model_name, dim, max_tokens = ray.get(workers[0].describe.remote())
+    node_embeddings: list = [None] * len(staging.counts)
+    todo, running = iter(staging.shards()), {}  # result ref -> its worker
+
+    def send_next(worker) -> None:
+        if (shard := next(todo, None)) is not None:
+            call = worker.embed_shard.options(num_returns=2)
+            result, node_embeddings[shard] = call.remote(shard, *staging.input(shard))
+            running[result] = worker
+
+    with stage(summary, "embed"), progress_bar(total=len(staging.counts), desc="embed shards", unit="shard") as bar:
+        for worker in workers:
+            send_next(worker)
+        while running:
+            [done], _ = ray.wait(list(running), num_returns=1)
+            send_next(running.pop(done))  # the worker goes on while this shard's result is staged
+            result = ray.get(done)
             staging.put_output(result["shard"], result["tables"], result["arrays"])
             summary.pairs_kept += result["pairs_kept"]
             summary.texts_over_windows += result["windowed"]
+            bar.update(1)
     cluster.release()
     summary.nodes = sum(count["nodes"] for count in staging.counts)
-    return EmbedderInfo(model_name, dim, max_tokens, nodes.embed_batch_size)
+    return EmbedderInfo(model_name, dim, max_tokens, nodes.embed_batch_size), node_embeddings
 
 
 class Staging:
