@@ -129,6 +129,13 @@ def test_engines_stream_each_reply_back_as_it_finishes(cluster):
     assert all(c.output_tokens > 0 and c.error is None for _, completions in streamed for c in completions)
 
 
+def test_shard_sizes_are_checked_before_any_cluster_starts():
+    with pytest.raises(QCGError, match="ray_shard_chunks must be >= 1, got 0"):
+        RayConfig(ray=True, ray_shard_chunks=0).validate()
+    with pytest.raises(QCGError, match="--ray-shard-chunks apply only with --ray"):
+        RayConfig(ray_shard_chunks=100).validate()
+
+
 def test_an_engine_wider_than_the_cluster_is_refused(cluster):
     with pytest.raises(QCGError, match="one engine needs 2 GPUs .* the cluster has 0"):
         cluster.engine_actors(object, count=1, gpus_each=2)
