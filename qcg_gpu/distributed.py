@@ -12,9 +12,8 @@ over the pieces here); ``--add`` uses them on its new chunks directly.
   through ray.data.llm's vLLM processor (``--ray-llm``; the default on GPU clusters).
 * Embedding: one embedder per worker, kept for the whole build: each takes whole shards
   (``sharded._ShardWorker``) or, for ``--add``, blocks of batches (:class:`RayEmbedder`).
-* kNN graph (:meth:`RayCluster.knn_graph`, ``knn_graph_of_parts``): row blocks searched and
-  ranked exactly by tasks over the embeddings in Ray's shared-memory object store, then
-  concatenated.
+* kNN graph (:meth:`RayCluster.knn_graph_of_parts`): row blocks searched and ranked exactly by
+  tasks over the embeddings in Ray's shared-memory object store, then concatenated.
 * Retrieval (``retrieval/ray_backend.py``): each worker holds the index (through the
   object store, zero-copy), the queries are split in order and the results put back together.
 
@@ -101,29 +100,22 @@ class RayCluster:
     def embedder(self, config: NodeConfig) -> RayEmbedder:
         return RayEmbedder(config, self)
 
-    def knn_graph(self, embeddings: np.ndarray, k: int, backend: str = "auto", device: str | None = None) -> KnnGraph:
-        """:func:`knn.knn_graph` with its row blocks searched and ranked by Ray tasks."""
-        emb = np.ascontiguousarray(embeddings, dtype=np.float32)
-        return self.knn_graph_of(self.ray.put(emb), len(emb), k, backend, device)
-
     def knn_graph_of_parts(
         self, parts: list, n: int, k: int, backend: str = "auto", device: str | None = None
     ) -> KnnGraph:
-        """The kNN graph of ``n`` rows given as ``parts``: object refs of float32 row blocks, in order,
-        made by the workers. A task joins them in the object store: this process never holds them."""
-        return self.knn_graph_of(self.ray.remote(_concatenate).remote(*parts), n, k, backend, device)
-
-    def knn_graph_of(self, shared, n: int, k: int, backend: str = "auto", device: str | None = None) -> KnnGraph:
-        """The kNN graph of the ``n`` float32 rows in the object store at ``shared``."""
+        """:func:`knn.knn_graph` of ``n`` rows given as ``parts`` (object refs of float32 row blocks,
+        in order, made by the workers), its row blocks searched and ranked by Ray tasks. A task joins
+        the parts in the object store: this process never holds them."""
         k_eff = degree(k, n)
         if k_eff == 0:
             return KnnGraph.from_rows(np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32))
         self.release()
+        shared = self.ray.remote(_concatenate).remote(*parts)
         blocks = [b for b in np.array_split(np.arange(n), self.workers * 4) if len(b)]
         task = self.ray.remote(**self.worker_resources)(_knn_rows)
         futures = [task.remote(shared, int(b[0]), int(b[-1]) + 1, k_eff, backend, device) for b in blocks]
-        parts = gather(self.ray, futures, "kNN blocks")
-        return KnnGraph.from_rows(np.concatenate([ids for ids, _ in parts]), np.concatenate([s for _, s in parts]))
+        rows = gather(self.ray, futures, "kNN blocks")
+        return KnnGraph.from_rows(np.concatenate([ids for ids, _ in rows]), np.concatenate([s for _, s in rows]))
 
     def actors(self, cls, *args, reuse: bool = False, count: int | None = None) -> list:
         """One actor of ``cls`` per worker (or ``count`` of them), each with its share of the cluster;

@@ -232,11 +232,9 @@ def check_cluster_graph(config: IndexConfig) -> None:
         raise QCGError("--knn approximate builds its IVF graph in one process; drop --ray or use --knn exact")
 
 
-def build_graph(node_embeddings: np.ndarray, config: IndexConfig, cluster=None) -> KnnGraph:
-    """The kNN graph of the nodes: in this process, or (exact only) as row blocks on a Ray ``cluster``."""
+def build_graph(node_embeddings: np.ndarray, config: IndexConfig) -> KnnGraph:
+    """The kNN graph of the nodes, in this process (a Ray build: ``sharded.build_on_cluster``)."""
     graph = config.graph
-    if cluster is not None:  # build_index refused an approximate graph before loading any model
-        return cluster.knn_graph(node_embeddings, graph.knn_k, graph.knn_backend, config.nodes.device)
     return knn_graph(node_embeddings, graph.knn_k, graph.knn_backend, config.nodes.device, graph.probes())
 
 
