@@ -1,21 +1,31 @@
-"""Generation cache: each chunk's LLM reply stored under its content hash.
+"""LLM reply caches: each reply stored under a hash of what decided it.
 
 SQLite gives atomic commits and safe concurrent readers, so a run killed at
-any point keeps every batch it finished, and a rerun generates only the rest.
+any point keeps every batch it finished, and a rerun asks the LLM only for the rest.
+Doc2Query replies are keyed by chunk (qcg_gpu/doc2query.py); answers and judgements of
+``qcg eval`` by conversation (:class:`CachedLLM`). A :class:`ReplyStore` adds a stored
+Parquet file to a cache first and shares a run's replies as one, rewritten as they come.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+from .config import GenerationConfig
 from .errors import QCGError
+from .llm import Completion, Conversation, LLMBackend, SamplingSpec, llm_name
+from .log import logger
 from .models import cache_dir
 
 # Parquet schema metadata of a stored generation: the settings its keys were made with (JSON).
 SETTINGS_KEY = b"qcg.generation"
 STREAM_ROWS = 4096  # replies per batch when a stored generation is written or read
+SHARE_EVERY_S = 30.0  # how often a run rewrites its shared replies file (--replies-out, --answers-out)
 
 
 class GenerationCache:
@@ -126,3 +136,96 @@ def stored_settings(path: str | Path) -> dict | None:
 def generation_cache(gen) -> Path:
     """The SQLite file of ``gen.cache``, or the user cache's default."""
     return Path(gen.cache) if gen.cache else cache_dir() / "doc2query-cache.sqlite"
+
+
+def answer_cache(path: str | None) -> Path:
+    """The SQLite file of ``qcg eval``'s answers and judgements: ``path``, or the user cache's default."""
+    return Path(path) if path else cache_dir() / "answer-cache.sqlite"
+
+
+class ReplyStore:
+    """A run's replies: the cache, a stored file added to it first (``replies_in``), and the keys the run
+    used, written to ``replies_out`` in that order at most every SHARE_EVERY_S seconds and at
+    :meth:`close`, so a killed run leaves what it finished to share or commit."""
+
+    def __init__(
+        self,
+        cache_path: str | Path,
+        replies_in: str | None = None,
+        replies_out: str | None = None,
+        settings: dict | None = None,
+    ):
+        self.cache = GenerationCache(cache_path)
+        self.stored = self.cache.import_parquet(replies_in) if replies_in else None  # the stored file's keys
+        self.out, self.settings = replies_out, settings
+        self.seen = dict[str, None]()  # the run's keys in order (an ordered set); kept only for replies_out
+        self.last_shared = 0.0
+
+    def use(self, keys: list[str]) -> None:
+        if self.out:
+            self.seen.update(dict.fromkeys(keys))
+
+    def share(self, force: bool = False) -> None:
+        if self.out and (force or time.monotonic() - self.last_shared >= SHARE_EVERY_S):
+            self.cache.export_parquet(list(self.seen), self.out, self.settings)
+            self.last_shared = time.monotonic()
+
+    def close(self) -> None:
+        self.share(force=True)
+        self.cache.close()
+
+
+class CachedLLM(LLMBackend):
+    """An LLM whose replies are kept in a :class:`ReplyStore`, each under a hash of the model, the engine
+    settings that change replies, the sampling and the conversation: a rerun of a killed evaluation asks
+    only what is missing, and the LLM is loaded (``load``) only when something is."""
+
+    def __init__(self, config: GenerationConfig, store: ReplyStore, load: Callable[[], LLMBackend]):
+        self.model_name = llm_name(config)
+        self.identity = {"model": self.model_name, "engine": config.reply_engine_settings()}
+        self.store, self.load, self.window = store, load, config.batch_chunks
+        self.backend: LLMBackend | None = None
+        self.reused = self.asked = 0  # replies taken from the store / asked of the LLM
+
+    def key(self, conversation: Conversation, sampling: SamplingSpec) -> str:
+        identity = {**self.identity, "sampling": sampling.__dict__, "conversation": conversation}
+        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+    def chat(self, conversations: list[Conversation], sampling: SamplingSpec) -> list[Completion]:
+        keys = [self.key(c, sampling) for c in conversations]
+        self.store.use(keys)
+        replies = self.store.cache.get_many(list(set(keys)))
+        missing = list(dict.fromkeys(i for i, key in enumerate(keys) if key not in replies))  # each key once
+        self.reused += len(keys) - len(missing)
+        failed: dict[str, Completion] = {}
+        if missing:
+            logger.info(f"{len(missing)} of {len(keys)} replies not cached: asking {self.model_name}")
+            self.backend = self.backend or self.load()
+            batches = self.backend.chat_batches([conversations[i] for i in missing], sampling, self.window)
+            for rows, completions in batches:
+                fresh = {}
+                for row, completion in zip(rows, completions):
+                    key = keys[missing[row]]
+                    if completion.error:  # not kept: a rerun asks again
+                        failed[key] = completion
+                    else:
+                        fresh[key] = {
+                            "text": completion.text,
+                            "prompt_tokens": completion.prompt_tokens,
+                            "output_tokens": completion.output_tokens,
+                            "finish_reason": completion.finish_reason,
+                        }
+                self.store.cache.put_many(fresh)
+                replies.update(fresh)
+                self.asked += len(completions)
+                self.store.share()
+        return [failed[key] if key in failed else _completion(replies[key]) for key in keys]
+
+
+def _completion(entry: dict) -> Completion:
+    return Completion(
+        text=entry["text"],
+        prompt_tokens=entry.get("prompt_tokens", 0),
+        output_tokens=entry.get("output_tokens", 0),
+        finish_reason=entry.get("finish_reason"),
+    )

@@ -441,11 +441,31 @@ class EvalConfig:
     limit_per_type: int | None = option(
         None, "Evaluate only the first N questions of each type (quick, balanced runs)."
     )
+    answers_cache: str | None = option(
+        None,
+        "Cache (SQLite file) of answers and judgements, keyed by model, sampling and conversation (default: user "
+        "cache dir): a rerun of an interrupted evaluation asks the LLM only what is missing.",
+        runtime=True,
+    )
+    answers_in: str | None = option(
+        None,
+        "Parquet file of stored answers and judgements (from --answers-out) to add to the cache first: replays an "
+        "evaluation made elsewhere; the LLM is loaded only if some reply is missing.",
+        runtime=True,
+    )
+    answers_out: str | None = option(
+        None,
+        "Write this evaluation's answers and judgements (keyed like the cache) to a Parquet file, rewritten as "
+        "they come, to share or commit a long run.",
+        runtime=True,
+    )
 
     def validate(self) -> EvalConfig:
         self.method_list(), self.sweep_list()
         if self.limit_per_type is not None and self.limit_per_type < 1:
             raise QCGError(f"--limit-per-type must be >= 1, got {self.limit_per_type}")
+        if self.answers_in and not os.path.isfile(self.answers_in):
+            raise QCGError(f"stored answers file not found: {self.answers_in}")
         return self
 
     def method_list(self) -> list[str]:

@@ -133,6 +133,10 @@ class Harness:
         if self.llm is None:
             raise QCGError("answer metrics need an LLM (or turn them off with --no-answers)")
         logger.info(f"answering {len(records)} questions")
+        # question by question across methods: a run stopped midway (its answers are kept, qcg_gpu/cache.py)
+        # leaves every method's answers to the same questions
+        position = {q.qid: i for i, q in enumerate(self.questions)}
+        records = sorted(records, key=lambda r: position.get(r["qid"], 0))
         completions = answer_from_chunks(
             self.llm,
             [r["question"] for r in records],

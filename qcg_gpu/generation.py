@@ -2,24 +2,20 @@
 the cache, or the LLM, and the valid pairs parsed from them.
 
 Every reply is cached the moment it arrives and ``--replies-out`` is rewritten every
-``SHARE_EVERY_S`` seconds, so a killed run loses nothing it finished and leaves its replies to share.
+``cache.SHARE_EVERY_S`` seconds, so a killed run loses nothing it finished and leaves its replies to share.
 """
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from . import doc2query
-from .cache import GenerationCache, generation_cache, stored_settings
+from .cache import GenerationCache, ReplyStore, generation_cache, stored_settings
 from .chunking import Chunk
 from .config import IndexConfig
 from .llm import LLMBackend, make_backend
 from .stages import IndexSummary, Pairs, stage
 from .throughput import record_throughput
-
-SHARE_EVERY_S = 30.0  # how often a generating build rewrites its --replies-out file
 
 
 def generate_pairs(
@@ -41,26 +37,21 @@ class Doc2QueryRun:
 
     def __init__(self, llm: LLMBackend | None, model_name: str, config: IndexConfig, summary: IndexSummary):
         self.llm, self.model_name, self.gen, self.summary = llm, model_name, config.generation, summary
-        self.settings = reply_settings(config, model_name)
-        self.cache = GenerationCache(generation_cache(self.gen))
-        self.stored: set[str] | None = None
+        settings = reply_settings(config, model_name)
         if self.gen.replies_in:
-            summary.notes += check_stored_settings(self.gen.replies_in, self.settings)
-            self.stored = self.cache.import_parquet(self.gen.replies_in)
+            summary.notes += check_stored_settings(self.gen.replies_in, settings)
             summary.stored_chunks = 0
-        # --replies-out's rows: every chunk key so far, in order (an ordered set); kept only for it
-        self.seen = dict[str, None]()
-        self.last_shared = 0.0
+        self.store = ReplyStore(generation_cache(self.gen), self.gen.replies_in, self.gen.replies_out, settings)
+        self.cache = self.store.cache
 
     def pairs(self, chunks: list[Chunk], first_chunk: int = 0) -> Pairs:
         """The valid pairs of ``chunks`` (numbered from 0 in ``chunks``; ``first_chunk`` numbers their
         failures in the summary, which counts the whole build)."""
         gen, summary = self.gen, self.summary
         keys = [doc2query.cache_key(c.text, self.model_name, gen) for c in chunks]
-        if gen.replies_out:
-            self.seen.update(dict.fromkeys(keys))
-        if self.stored is not None:
-            summary.stored_chunks = (summary.stored_chunks or 0) + sum(key in self.stored for key in keys)
+        self.store.use(keys)
+        if self.store.stored is not None:
+            summary.stored_chunks = (summary.stored_chunks or 0) + sum(key in self.store.stored for key in keys)
         replies = self.cache.get_many(list(set(keys)))
         summary.cache_corrupt = self.cache.corrupt
         summary.cached_chunks += sum(key in replies for key in keys)
@@ -71,15 +62,9 @@ class Doc2QueryRun:
                 self.llm = self.llm or make_backend(gen)
             with stage(summary, "generate"):
                 _generate_missing(
-                    chunks, keys, missing, self.llm, gen, self.cache, replies, failed, summary, self.share
+                    chunks, keys, missing, self.llm, gen, self.cache, replies, failed, summary, self.store.share
                 )
         return _parse_replies(chunks, keys, replies, failed, gen, summary, first_chunk)
-
-    def share(self, every_s: float = SHARE_EVERY_S) -> None:
-        """Rewrite --replies-out with every reply so far, at most every ``every_s`` seconds."""
-        if self.gen.replies_out and time.monotonic() - self.last_shared >= every_s:
-            self.cache.export_parquet(list(self.seen), self.gen.replies_out, self.settings)
-            self.last_shared = time.monotonic()
 
     def close(self) -> None:
         """Log the run's generation rate, write --replies-out a last time, close the cache."""
@@ -92,8 +77,7 @@ class Doc2QueryRun:
                 self.summary.seconds["generate"],
                 workers=getattr(self.llm, "workers", 1),
             )  # a RayLLM runs one engine per worker
-        self.share(every_s=0.0)
-        self.cache.close()
+        self.store.close()
 
 
 def reply_settings(config: IndexConfig, model_name: str) -> dict:

@@ -217,7 +217,7 @@ def test_replies_out_is_written_while_generating(tmp_path, few_docs, vllm_backen
     config = _config(tmp_path)
     config.generation.replies_out = str(tmp_path / "replies.parquet")
     config.generation.batch_chunks = 1
-    monkeypatch.setattr("qcg_gpu.generation.SHARE_EVERY_S", 0.0)
+    monkeypatch.setattr("qcg_gpu.cache.SHARE_EVERY_S", 0.0)
     sizes = []
     real_export = GenerationCache.export_parquet
 

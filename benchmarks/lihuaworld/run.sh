@@ -21,8 +21,13 @@
 #    command plus --replies-in FILE (it generates only the chunks the file lacks).
 # 2. retrieval: every method and node-text ablation, and the paper's four sweeps, scored by
 #    retrieval metrics on the dev split (no LLM), into benchmarks/lihuaworld/NAME/retrieval/.
-# 3. answers: the main methods answered and judged by the generation's own LLM on a balanced part
-#    of the dev split (PER_TYPE questions per type), into benchmarks/lihuaworld/NAME/answers/.
+# 3. answers: the main methods answered and judged by ANSWER_MODEL (default qwen2.5-coder-1.5b:
+#    `qcg models install qwen2.5-coder-1.5b` first) on a balanced part of the dev split (PER_TYPE
+#    questions per type, default 22: every multi-hop and Null question), into
+#    benchmarks/lihuaworld/NAME/answers/. Hours on 2 cores (~1.6 answers a minute: each prompt holds
+#    ~6,000 tokens of chunks), so every answer and judgement is kept as it comes in
+#    benchmarks/lihuaworld/answers-NAME.parquet (commit it as you go): a rerun, on any machine,
+#    asks only what the file lacks.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DATA=${DATA:-../shared/data/lihuaworld}
@@ -41,10 +46,12 @@ for replies in "${GENERATIONS[@]}"; do
     fi
     work="$OUT/$name" results="benchmarks/lihuaworld/$name"
     mkdir -p "$work" "$results"
-    qcg index build "$DATA/docs" "$work/index" --overwrite --quiet --replies-in "$replies" --cache "$work/replay-cache.sqlite"
-    qcg index build "$DATA/docs" "$work/index-truncate" --overwrite --quiet --replies-in "$replies" \
-        --cache "$work/replay-cache.sqlite" --long-texts truncate
-    model=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['models']['llm'])" "$work/index/manifest.json")
+    if [ "$replies" -nt "$work/index-truncate/manifest.json" ]; then  # built before from this file: kept
+        qcg index build "$DATA/docs" "$work/index" --overwrite --quiet --replies-in "$replies" \
+            --cache "$work/replay-cache.sqlite"
+        qcg index build "$DATA/docs" "$work/index-truncate" --overwrite --quiet --replies-in "$replies" \
+            --cache "$work/replay-cache.sqlite" --long-texts truncate
+    fi
 
     if [[ $WHAT == retrieval || $WHAT == all ]]; then
         /usr/bin/time -f "$name retrieval eval: %e s wall" qcg eval --dataset lihuaworld --data "$DATA" \
@@ -52,8 +59,11 @@ for replies in "${GENERATIONS[@]}"; do
             --no-answers --quiet --methods naive,d2q,d2q-minus,qcg,qcg-q,qcg-a,qcg-sentence --sweeps hops,knn,seeds,alpha
     fi
     if [[ $WHAT == answers || $WHAT == all ]]; then
-        /usr/bin/time -f "$name answer eval: %e s wall" qcg eval --dataset lihuaworld --data "$DATA" \
-            --index "$work/index" --out "$results/answers" --methods naive,d2q-minus,qcg \
-            --model "$model" --limit-per-type "${PER_TYPE:-20}" --quiet
+        answers="benchmarks/lihuaworld/answers-$name.parquet"
+        VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-4} /usr/bin/time -f "$name answer eval: %e s wall" \
+            qcg eval --dataset lihuaworld --data "$DATA" --index "$work/index" --out "$results/answers" \
+            --methods naive,d2q-minus,qcg --model "${ANSWER_MODEL:-qwen2.5-coder-1.5b}" \
+            --limit-per-type "${PER_TYPE:-22}" --answers-cache "$OUT/answer-cache.sqlite" \
+            --answers-out "$answers" $([ -f "$answers" ] && echo --answers-in "$answers")
     fi
 done

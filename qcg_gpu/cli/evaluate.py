@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..cache import ReplyStore, answer_cache
 from ..config import PRESETS, AnswerConfig, EvalConfig
 from ..datasets import DATASETS
 from ..errors import QCGError
@@ -61,8 +62,7 @@ def add_parser(commands) -> None:
 
 def run(args) -> int:
     from ..datasets import load_dataset
-    from ..evaluate import Harness, evidence_outside, write_report
-    from ..query import index_embedder
+    from ..evaluate import evidence_outside
     from ..retrieval import QCGIndex
 
     config = fill(EvalConfig(), args).validate()  # refuse unknown names before loading anything
@@ -79,11 +79,23 @@ def run(args) -> int:
     for label, other in compared.items():
         evalset.problems += [f"[{label}] {p}" for p in evidence_outside(other, evalset)]
     cluster = ray_cluster(args)
-    llm = judge_llm = None
-    if config.answers:
-        llm = answering_llm(args, cluster)
-        if config.judge and args.judge_model:
-            judge_llm = answering_llm(args, cluster, model=args.judge_model)
+    if not config.answers:
+        return _evaluate(args, config, index, compared, evalset, retrieval, answer_config, cluster)
+    store = ReplyStore(answer_cache(config.answers_cache), config.answers_in, config.answers_out)
+    try:
+        llm = answering_llm(args, cluster, store=store)
+        judge_llm = answering_llm(args, cluster, args.judge_model, store) if config.judge and args.judge_model else None
+        return _evaluate(args, config, index, compared, evalset, retrieval, answer_config, cluster, llm, judge_llm)
+    finally:
+        store.close()  # --answers-out holds every reply so far, whatever happened
+
+
+def _evaluate(
+    args, config, index, compared, evalset, retrieval, answer_config, cluster, llm=None, judge_llm=None
+) -> int:
+    """Every method on the index (and the compared ones), then the report."""
+    from ..evaluate import Harness, write_report
+    from ..query import index_embedder
 
     def harness(ix):
         return Harness(
@@ -98,24 +110,28 @@ def run(args) -> int:
         )
 
     evaluation = harness(index).run(config)
-    for (
-        label,
-        other,
-    ) in compared.items():  # the same methods on another index of the corpus; sweeps on the main one only
+    for label, other in compared.items():  # the same methods on another index of the corpus; sweeps on the main one
         evaluation.add(harness(other).run(dataclasses.replace(config, sweeps="")), label)
     header = {
         "dataset": f"{args.dataset} ({args.data})",
         "index": args.index,
-        **{f"index @{label}": path for label, path in compare_paths.items()},
+        **{f"index @{label}": other_path for label, other_path in _labelled(args.compare_index)},
         "index LLM": index.manifest["models"]["llm"],
         "embedder": index.manifest["models"]["embedder"],
         "answering LLM": llm.model_name if llm else "none (retrieval metrics only)",
         "judge LLM": (judge_llm or llm).model_name if llm and config.judge else "none",
+        **({"LLM replies": _replies_note(config, llm, judge_llm)} if llm else {}),
         "retrieval": dataclasses.asdict(retrieval) | {"knn_k": index.manifest["settings"]["graph"]["knn_k"]},
     }
     paths = write_report(evaluation, args.out, header, evalset.problems)
     print(paths[1].read_text())
     return 0
+
+
+def _replies_note(config, *llms) -> str:
+    reused = sum(llm.reused for llm in llms if llm)
+    asked = sum(llm.asked for llm in llms if llm)
+    return f"{reused} reused from {answer_cache(config.answers_cache)}, {asked} asked of the LLM"
 
 
 def _labelled(specs: list[str] | None) -> list[tuple[str, str]]:

@@ -9,6 +9,7 @@ import typing
 
 from ..config import PRESETS, GenerationConfig, RayConfig, RetrievalConfig, read_config_file
 from ..errors import QCGError
+from ..models import DEFAULT_LLM, resolve_model
 
 # the part of GenerationConfig that picks and runs an LLM (qcg answer and qcg eval reuse it)
 LLM_OPTIONS = (
@@ -145,12 +146,22 @@ def add_llm_options(parser, title: str = "answering LLM options") -> None:
     add_options(parser, GenerationConfig(), title, only=LLM_OPTIONS)
 
 
-def answering_llm(args, cluster=None, model: str | None = None):
-    """The answering (or, with ``model``, judging) LLM: in this process, or one engine per Ray worker."""
+def answering_llm(args, cluster=None, model: str | None = None, store=None):
+    """The answering (or, with ``model``, judging) LLM: in this process, or one engine per Ray worker.
+    With a ``cache.ReplyStore``, its replies are kept there and it is loaded only when one is missing."""
+    from ..cache import CachedLLM
     from ..llm import make_backend
 
     generation = fill(GenerationConfig(), args)
     generation.model = model or generation.model
     if generation.backend == "openai" and (not generation.base_url or not generation.model):
         raise QCGError("--backend openai needs --base-url and --model")
-    return cluster.llm(generation) if cluster else make_backend(generation)
+
+    def load():
+        return cluster.llm(generation) if cluster else make_backend(generation)
+
+    if store is None:
+        return load()
+    if generation.validate().backend == "vllm":
+        resolve_model(generation.model, DEFAULT_LLM)  # a wrong path fails now, not after the retrieval
+    return CachedLLM(generation, store, load)
