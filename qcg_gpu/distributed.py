@@ -241,7 +241,7 @@ class RayLLM(LLMBackend):
         on Ray ends the run with one line."""
         if not conversations:
             return
-        bar = progress_bar(total=len(conversations), desc="LLM replies", unit="chunk")
+        bar = progress_bar(total=len(conversations), desc="LLM replies", unit="reply")
         try:
             for rows, completions in self._replies(conversations, sampling, batch_size):
                 bar.update(len(rows))

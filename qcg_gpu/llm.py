@@ -218,7 +218,7 @@ class VLLMBackend(LLMBackend):
         params = self.sampling_params(sampling, conversations)
         engine, pending = self.llm.llm_engine, iter(range(len(conversations)))
         position: dict[str, int] = {}  # request id -> conversation
-        bar = progress_bar(total=len(conversations), desc="LLM replies", unit="chunk")
+        bar = progress_bar(total=len(conversations), desc="LLM replies", unit="reply")
         meter = TokenMeter(bar, engine)
 
         def enqueue(todo: list[int]) -> None:

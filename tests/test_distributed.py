@@ -129,6 +129,20 @@ def test_engines_stream_each_reply_back_as_it_finishes(cluster):
     assert all(c.output_tokens > 0 and c.error is None for _, completions in streamed for c in completions)
 
 
+@pytest.mark.llm
+def test_answers_from_engines_on_ray_workers(cluster):
+    from qcg_gpu.answer import answer_questions
+    from qcg_gpu.config import AnswerConfig, GenerationConfig
+
+    questions = ["What colour is the bike?", "Who bakes the bread?", "Where is the meeting?"]
+    contexts = ["Li Hua rides a red bike to work.", "Adam bakes the bread every morning.", "The meeting is in room 4."]
+    completions = answer_questions(
+        cluster.llm(GenerationConfig()), questions, contexts, AnswerConfig(max_answer_tokens=16)
+    )
+    assert len(completions) == 3 and not any(c.error for c in completions)
+    assert all(c.text.strip() and 0 < c.output_tokens <= 16 for c in completions)
+
+
 def test_shard_sizes_are_checked_before_any_cluster_starts():
     with pytest.raises(QCGError, match="ray_shard_chunks must be >= 1, got 0"):
         RayConfig(ray=True, ray_shard_chunks=0).validate()
@@ -231,17 +245,3 @@ def test_eval_with_ray_retrieval_equals_one_process(small_index, embedder, clust
     same = [json.dumps([run.records, run.sweeps]) for run in runs]  # as JSON: NaN (no evidence) equals NaN there
     assert same[0] == same[1]
     assert {r["method"] for r in runs[0].records} == {"qcg", "qcg-q"} and len(runs[0].sweeps["knn"]) > 1
-
-
-@pytest.mark.llm
-def test_answers_from_engines_on_ray_workers(cluster):
-    from qcg_gpu.answer import answer_questions
-    from qcg_gpu.config import AnswerConfig, GenerationConfig
-
-    questions = ["What colour is the bike?", "Who bakes the bread?", "Where is the meeting?"]
-    contexts = ["Li Hua rides a red bike to work.", "Adam bakes the bread every morning.", "The meeting is in room 4."]
-    completions = answer_questions(
-        cluster.llm(GenerationConfig()), questions, contexts, AnswerConfig(max_answer_tokens=16)
-    )
-    assert len(completions) == 3 and not any(c.error for c in completions)
-    assert all(c.text.strip() and 0 < c.output_tokens <= 16 for c in completions)

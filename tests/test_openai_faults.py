@@ -14,7 +14,7 @@ import pytest
 from qcg_gpu.index_format import read_manifest
 
 pytestmark = pytest.mark.llm
-TIMEOUT_S = 60  # the client's request timeout: well above a real M = 1 request (~165 tokens; 10 tok/s on a loaded CI)
+TIMEOUT_S = 20  # the client's request timeout: over twice a real request's (at most 78 tokens; 10 tok/s on a loaded CI)
 
 
 class FaultyProxy:
@@ -77,7 +77,11 @@ def _index(cli, proxy, docs, out, cache, *extra):
         "--model",
         "smollm2",
         "--m",
-        1,  # one pair a chunk: short replies, so a real request never nears TIMEOUT_S
+        1,  # one short pair a chunk (a reply of at most 78 tokens), so a real request never nears TIMEOUT_S
+        "--max-question-chars",
+        60,
+        "--max-answer-chars",
+        30,
         "--concurrency",
         2,
         "--request-timeout",
