@@ -24,8 +24,9 @@
 # 3. answers: the main methods answered and judged by ANSWER_MODEL (default qwen2.5-coder-1.5b:
 #    `qcg models install qwen2.5-coder-1.5b` first) on a balanced part of the dev split (PER_TYPE
 #    questions per type, default 22: every multi-hop and Null question), into
-#    benchmarks/lihuaworld/NAME/answers/. Hours on 2 cores (~1.6 answers a minute: each prompt holds
-#    ~6,000 tokens of chunks), so every answer and judgement is kept as it comes in
+#    benchmarks/lihuaworld/NAME/answers/, and QCG alone at its best dev settings (gamma 1.0, h 0)
+#    into .../answers-qcg-h0/. ~30 min a generation on 2 cores (each prompt holds ~6,000 tokens of
+#    chunks), so every answer and judgement is kept as it comes in
 #    benchmarks/lihuaworld/answers-NAME.parquet (commit it as you go): a rerun, on any machine,
 #    asks only what the file lacks.
 set -euo pipefail
@@ -65,5 +66,10 @@ for replies in "${GENERATIONS[@]}"; do
             --methods naive,d2q-minus,qcg --model "${ANSWER_MODEL:-qwen2.5-coder-1.5b}" \
             --limit-per-type "${PER_TYPE:-22}" --answers-cache "$OUT/answer-cache.sqlite" \
             --answers-out "$answers" $([ -f "$answers" ] && echo --answers-in "$answers")
+        # QCG with the retrieval settings that did best on dev (no expansion, the 10 best nodes as seeds)
+        VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-4} qcg eval --dataset lihuaworld --data "$DATA" \
+            --index "$work/index" --out "$results/answers-qcg-h0" --methods qcg --gamma 1.0 --hops 0 \
+            --model "${ANSWER_MODEL:-qwen2.5-coder-1.5b}" --limit-per-type "${PER_TYPE:-22}" \
+            --answers-cache "$OUT/answer-cache.sqlite" --answers-out "$answers" --answers-in "$answers" --quiet
     fi
 done
