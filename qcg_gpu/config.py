@@ -146,8 +146,8 @@ class GenerationConfig:
     )
     batch_chunks: int = option(
         2048,
-        "Chunks in the LLM at once (vLLM: requests in flight, refilled as each finishes; other backends: chunks per "
-        "call). Every reply is cached as it arrives (per batch where the backend answers in batches).",
+        "Chunks in the LLM at once: vLLM's requests in flight, refilled as each finishes (the OpenAI backend keeps "
+        "--concurrency in flight). Every reply is cached as it arrives.",
         runtime=True,
     )
     base_url: str | None = option(

@@ -39,7 +39,7 @@ from .config import GenerationConfig, NodeConfig, RayConfig
 from .embedding import Windows, encode_whole, shape_batches, token_counts
 from .errors import QCGError
 from .knn import KnnGraph, degree, exact_rows
-from .llm import Completion, LLMBackend, SamplingSpec, engine_settings, llm_name, request_seed
+from .llm import Completion, LLMBackend, SamplingSpec, collect, engine_settings, llm_name, request_seed
 from .log import engine_log_level, progress_bar, quiet
 from .models import DEFAULT_EMBEDDER, DEFAULT_LLM, resolve_model
 
@@ -221,11 +221,7 @@ class RayLLM(LLMBackend):
         return self.cluster.workers
 
     def chat(self, conversations, sampling: SamplingSpec) -> list[Completion]:
-        out = [Completion()] * len(conversations)
-        for rows, completions in self.chat_batches(conversations, sampling, self.config.batch_chunks):
-            for row, completion in zip(rows, completions):
-                out[row] = completion
-        return out
+        return collect(self.chat_batches(conversations, sampling, self.config.batch_chunks), len(conversations))
 
     def _engines(self, count: int) -> list:
         """The engines: loaded on the first call, kept for the next ones (a sharded build asks shard by shard)."""

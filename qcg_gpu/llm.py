@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +72,15 @@ class LLMBackend:
         for start in range(0, len(conversations), batch_size):
             batch = conversations[start : start + batch_size]
             yield range(start, start + len(batch)), self.chat(batch, sampling)
+
+
+def collect(batches: Iterator[tuple[Sequence[int], list[Completion]]], count: int) -> list[Completion]:
+    """The completions of ``chat_batches`` in conversation order."""
+    completions = [Completion()] * count
+    for rows, finished in batches:
+        for row, completion in zip(rows, finished):
+            completions[row] = completion
+    return completions
 
 
 def request_seed(seed: int, conversation: Conversation) -> int:
@@ -197,11 +206,7 @@ class VLLMBackend(LLMBackend):
         ]
 
     def chat(self, conversations, sampling):
-        completions: list[Completion] = [Completion()] * len(conversations)
-        for finished in self.chat_stream(conversations, sampling, len(conversations)):
-            for position, completion in finished:
-                completions[position] = completion
-        return completions
+        return collect(self.chat_batches(conversations, sampling, len(conversations)), len(conversations))
 
     def chat_batches(self, conversations, sampling, batch_size):
         """The finished requests of each engine step, ``batch_size`` kept in flight (:meth:`chat_stream`)."""
@@ -394,6 +399,19 @@ class OpenAIBackend(LLMBackend):
         )
 
     def chat(self, conversations, sampling):
-        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-            results = pool.map(lambda conv: self._one(conv, sampling), conversations)
-            return list(progress_bar(results, total=len(conversations), desc="LLM requests"))
+        return collect(self.chat_batches(conversations, sampling, len(conversations)), len(conversations))
+
+    def chat_batches(self, conversations, sampling, batch_size):
+        """Each reply as it arrives, ``concurrency`` requests in flight (``batch_size`` is not needed:
+        the pool never drains), so a caller can store every one. A caller that stops early sends no
+        request that had not started."""
+        pool = ThreadPoolExecutor(max_workers=self.concurrency)
+        bar = progress_bar(total=len(conversations), desc="LLM requests", unit="reply")
+        try:
+            rows = {pool.submit(self._one, conv, sampling): row for row, conv in enumerate(conversations)}
+            for future in as_completed(rows):
+                bar.update(1)
+                yield [rows[future]], [future.result()]
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+            bar.close()

@@ -11,7 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from qcg_gpu.config import GenerationConfig
 from qcg_gpu.index_format import read_manifest
+from qcg_gpu.llm import OpenAIBackend, SamplingSpec
 
 pytestmark = pytest.mark.llm
 TIMEOUT_S = 20  # the client's request timeout: over twice a real request's (at most 78 tokens; 10 tok/s on a loaded CI)
@@ -128,3 +130,26 @@ def test_a_chunk_that_keeps_failing_is_listed_and_retried_on_the_next_run(vllm_s
         healthy.close()
     assert rerun.returncode == 0 and "1 chunks generated, 3 from cache" in rerun.stdout
     assert len(healthy.seen) == 1
+
+
+def test_replies_stream_back_one_by_one_and_an_early_stop_sends_no_more(vllm_server):
+    """Each reply comes back as it arrives (a caller caches it at once); a caller that stops early (a
+    killed run) leaves the requests not yet started unsent."""
+    proxy = FaultyProxy(vllm_server, lambda n, body: None)
+    config = GenerationConfig(backend="openai", base_url=proxy.url, model="smollm2", concurrency=2)
+    backend = OpenAIBackend(config)
+    asked = [[{"role": "user", "content": f"Count from {i} to {i + 5}."}] for i in range(12)]
+    sampling = SamplingSpec(temperature=0.0, top_p=1.0, max_tokens=8, seed=0)
+    try:
+        streamed = list(backend.chat_batches(asked, sampling, len(asked)))
+        assert [len(rows) for rows, _ in streamed] == [1] * 12
+        assert sorted(row for rows, _ in streamed for row in rows) == list(range(12))
+        assert all(c.output_tokens > 0 and c.error is None for _, completions in streamed for c in completions)
+        proxy.seen.clear()
+        batches = backend.chat_batches(asked, sampling, len(asked))
+        next(batches)
+        batches.close()
+        time.sleep(3)  # what was in flight lands
+        assert 1 <= len(proxy.seen) <= 4  # the first reply, the two requests then in flight, one at most starting
+    finally:
+        proxy.close()
