@@ -345,8 +345,7 @@ def test_a_killed_evaluation_resumes_from_its_shared_answers(
     assert any("judge_reply" in r for r in records)
     assert llm.reused == 2 * len(QUESTIONS) - resumed.asked[0]  # the stored reply, and repeated conversations
 
-    # the command line on a third machine: the shared file alone, no engine started (none could be, in this
-    # process beside the tests' own)
+    # the command line on a third machine, from the shared file alone: nothing is asked of the LLM
     out = tmp_path / "replayed"
     result = cli(
         *("eval", "--dataset", "jsonl", "--data", questions_file, "--index", small_index, "--out", out, "--quiet"),
