@@ -209,17 +209,22 @@ class CachedLLM(LLMBackend):
                     if completion.error:  # not kept: a rerun asks again
                         failed[key] = completion
                     else:
-                        fresh[key] = {
-                            "text": completion.text,
-                            "prompt_tokens": completion.prompt_tokens,
-                            "output_tokens": completion.output_tokens,
-                            "finish_reason": completion.finish_reason,
-                        }
+                        fresh[key] = reply_entry(completion)
                 self.store.cache.put_many(fresh)
                 replies.update(fresh)
                 self.asked += len(completions)
                 self.store.share()
         return [failed[key] if key in failed else _completion(replies[key]) for key in keys]
+
+
+def reply_entry(completion: Completion) -> dict:
+    """What a cache keeps of a reply."""
+    return {
+        "text": completion.text,
+        "prompt_tokens": completion.prompt_tokens,
+        "output_tokens": completion.output_tokens,
+        "finish_reason": completion.finish_reason,
+    }
 
 
 def _completion(entry: dict) -> Completion:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import doc2query
-from .cache import GenerationCache, ReplyStore, generation_cache, stored_settings
+from .cache import GenerationCache, ReplyStore, generation_cache, reply_entry, stored_settings
 from .chunking import Chunk
 from .config import IndexConfig
 from .llm import LLMBackend, make_backend
@@ -125,12 +125,7 @@ def _generate_missing(
             if completion.error:
                 failed[keys[i]] = completion.error
                 continue
-            fresh[keys[i]] = {
-                "text": completion.text,
-                "prompt_tokens": completion.prompt_tokens,
-                "output_tokens": completion.output_tokens,
-                "finish_reason": completion.finish_reason,
-            }
+            fresh[keys[i]] = reply_entry(completion)
             summary.generated_chunks += 1
             summary.generated_output_tokens += completion.output_tokens
         cache.put_many(fresh)
