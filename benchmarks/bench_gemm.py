@@ -4,17 +4,18 @@ faster than float32 can a low-precision prefilter make retrieval's dominant step
 Times ``queries @ nodes.T`` (384-d, in the bf16 prefilter's tiles of 512 x 8192) in float32
 (torch.mm: MKL), bf16 (torch.mm: oneDNN, AMX where present) and int8 (torch._int_mm: oneDNN,
 VNNI/AMX-INT8 where present), and prints operations per second and the ratio to float32.
-A CPU without AVX-512 (e.g. an AMD EPYC Zen 3) can be imitated on an Intel one by capping the
-libraries' instruction sets, as RESULTS.md does:
+An older CPU can be imitated on a recent Intel one by capping the libraries' instruction sets, as
+RESULTS.md does (the caps are printed with the CPU): a Xeon with VNNI but no bf16 (Cascade Lake,
+Ice Lake) by capping oneDNN, an AMD EPYC Zen 2/3 (AVX2 only) by capping everything:
 
     python benchmarks/bench_gemm.py
+    ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI python benchmarks/bench_gemm.py
     MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 python benchmarks/bench_gemm.py
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import torch
@@ -30,9 +31,10 @@ def rate(dtype: str, repeat: int = 3) -> float:
     if dtype == "int8":
         q = torch.randint(-127, 128, (ROWS, DIM), dtype=torch.int8, generator=gen)
         x = torch.randint(-127, 128, (NODES, DIM), dtype=torch.int8, generator=gen)
+        out = torch.empty((ROWS, COLS), dtype=torch.int32)
 
         def mm(block):
-            return torch._int_mm(q, block.T)
+            return torch._int_mm(q, block.T, out=out)
     else:
         kind = {"float32": torch.float32, "bf16": torch.bfloat16}[dtype]
         q = torch.randn((ROWS, DIM), generator=gen).to(kind)
@@ -54,15 +56,9 @@ def rate(dtype: str, repeat: int = 3) -> float:
 
 
 def main() -> None:
-    caps = {
-        k: os.environ[k]
-        for k in ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
-        if k in os.environ
-    }
     rates = {dtype: rate(dtype) for dtype in ("float32", "bf16", "int8")}
     row = {
         "cpu": cpu_kind(),
-        "instruction_caps": caps or "none",
         **{f"{d}_gops": round(r, 1) for d, r in rates.items()},
         **{f"{d}_over_float32": round(r / rates["float32"], 2) for d, r in rates.items() if d != "float32"},
     }

@@ -10,7 +10,9 @@ equal, the library route's counted equal (near-ties may order differently). The 
 (model, AMX/AVX512 flags) is printed with every figure.
 
     python benchmarks/bench_retrieval.py                       # N = 10k, 100k, 1M; B = 1000, 10000
-    python benchmarks/bench_retrieval.py --nodes 100000 --batch 1000 --backends numpy:off numpy:bf16
+    python benchmarks/bench_retrieval.py --nodes 100000 --batch 1000 --backends numpy:off numpy:bf16 numpy:int8
+    ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI python benchmarks/bench_retrieval.py --backends numpy:off numpy:int8 ...
+                                                               # a Xeon with VNNI but no bf16, imitated
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from qcg_gpu.bench import DIM, LibraryRoute, synthetic_index
 from qcg_gpu.bench import synthetic_queries as make_queries
 from qcg_gpu.capabilities import cpu_kind
 from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever, seed_threshold
-from qcg_gpu.retrieval.numpy_backend import BF16_TILE, float32_gemm
+from qcg_gpu.retrieval.numpy_backend import NumpyBackend, float32_gemm
 from qcg_gpu.retrieval.result import tile_rows
-from qcg_gpu.retrieval.search import use_prefilter
+from qcg_gpu.retrieval.search import prefilter_kind
 
 
 def loop_search(index: QCGIndex, queries: np.ndarray, config: RetrievalConfig):
@@ -55,10 +57,19 @@ def loop_search(index: QCGIndex, queries: np.ndarray, config: RetrievalConfig):
     return out
 
 
-def gemm_seconds(index: QCGIndex, queries: np.ndarray, backend: str, prefilter: bool, device: str) -> float:
+def gemm_seconds(index: QCGIndex, queries: np.ndarray, retriever, prefilter: str | None, device: str) -> float:
     """Time of the similarity GEMM alone, in the tiles and precision the backend uses."""
-    n_nodes = len(index.node_embeddings)
-    if backend == "numpy" and not prefilter:
+    n_nodes, backend = len(index.node_embeddings), retriever.backend
+    if isinstance(backend, NumpyBackend) and prefilter:  # its own GEMM calls, into its own output tile
+        rows = backend.prefilter.rows
+        tiles = [backend.prefilter.round_tile(queries[s : s + rows])[0] for s in range(0, len(queries), rows)]
+        start = time.perf_counter()
+        for tile in tiles:
+            out = backend.prefilter.output(len(tile))
+            for col0 in range(0, n_nodes, backend.prefilter.cols):
+                backend.prefilter.keys(tile, col0, out)
+        return time.perf_counter() - start
+    if isinstance(backend, NumpyBackend):
         rows, gemm = tile_rows(n_nodes), float32_gemm(index.node_embeddings)
         buffer = np.zeros((min(rows, len(queries)), n_nodes), np.float32)
         buffer.fill(1.0)  # touch every page before timing: the backend reuses its buffer, page faults are not GEMM time
@@ -71,11 +82,7 @@ def gemm_seconds(index: QCGIndex, queries: np.ndarray, backend: str, prefilter: 
 
     dtype = torch.bfloat16 if prefilter else torch.float32
     nodes, q = torch.from_numpy(index.node_embeddings).to(device, dtype), torch.from_numpy(queries).to(device, dtype)
-    rows, cols = (
-        BF16_TILE
-        if backend == "numpy"
-        else (tile_rows(n_nodes, 4096 if device.startswith("cuda") else 256, 1 << 28), n_nodes)
-    )
+    rows, cols = tile_rows(n_nodes, 4096 if device.startswith("cuda") else 256, 1 << 28), n_nodes
     _sync(device)
     start = time.perf_counter()
     for s in range(0, len(q), rows):
@@ -104,8 +111,7 @@ def side_by_side(
     queries: np.ndarray,
     looped: np.ndarray,
     config: RetrievalConfig,
-    backend: str,
-    bf16: bool,
+    prefilter: str | None,
     device: str,
 ) -> dict:
     """Each repetition times the per-query loop, the GEMM alone and the batched search one after
@@ -119,7 +125,7 @@ def side_by_side(
         library_result, seconds = best_of(1, route.search, queries, config)
         library.append(seconds)
         time.sleep(0.3)
-        gemm.append(gemm_seconds(index, queries, backend, bf16, device))
+        gemm.append(gemm_seconds(index, queries, retriever, prefilter, device))
         result, seconds = best_of(1, search_synced, retriever, queries, device)
         search.append(seconds)
         shares.append(gemm[-1] / search[-1])
@@ -171,8 +177,8 @@ def main() -> None:
         "--backends",
         nargs="+",
         default=["numpy:off", "numpy:bf16", "torch:off", "torch:bf16"],
-        help="backend[:prefilter[:topk]], prefilter off (float32 GEMM), bf16 or auto; torch:...:topk forces the "
-        "torch backend's topk seed selection (its threshold-first selection otherwise)",
+        help="backend[:prefilter[:topk]], prefilter off (float32 GEMM), bf16, int8 (numpy) or auto; "
+        "torch:...:topk forces the torch backend's topk seed selection (its threshold-first selection otherwise)",
     )
     parser.add_argument("--device", default="cpu", help="torch device of the torch backend (cuda on a GPU machine)")
     parser.add_argument(
@@ -202,17 +208,17 @@ def main() -> None:
                 retriever.backend.candidate_budget = 0  # every query tile takes the topk path
             check = retriever.search(looped)  # also warms up numba's JIT
             assert [[c for c in row if c >= 0] for row in check.chunk_ids.tolist()] == loop_result, "batched != loop"
-            bf16 = use_prefilter(RetrievalConfig(**options), args.device)
+            prefilter = prefilter_kind(RetrievalConfig(**options), args.device)
             for b in args.batch:
                 queries = queries_all[:b]
                 timing = side_by_side(
-                    args.repeat, retriever, route, index, queries, looped, config, backend, bf16, args.device
+                    args.repeat, retriever, route, index, queries, looped, config, prefilter, args.device
                 )
                 row = {
                     "nodes": n_nodes,
                     "batch": b,
                     "backend": backend + (":topk" if selection == "topk" else ""),
-                    "gemm": "bf16 prefilter" if bf16 else "float32",
+                    "gemm": f"{prefilter} prefilter" if prefilter else "float32",
                     "queries_per_s": round(b / timing["search"], 1),
                     "library_queries_per_s": round(b / timing["library"], 1),
                     "speedup_vs_library": [round(x, 2) for x in timing["over_library"]],  # median, min, max

@@ -1,10 +1,10 @@
-"""Exact seed selection from a bf16 similarity prefilter, on CPU (METHOD.md, retrieval step 2).
+"""Exact seed selection from a low-precision similarity prefilter, on CPU (METHOD.md, retrieval step 2).
 
-A bf16 GEMM (AMX on recent Xeons) runs 5-8x faster than float32, but each similarity it gives
-may be off by up to ``eps`` (a bound computed from the vectors' actual rounding, see
-``qcg_gpu.retrieval.bf16_error_bound``). Seeds stay exact with two passes:
+A bf16 GEMM (AMX on recent Xeons) runs 5-8x faster than float32 and an int8 one (VNNI) 3-4x, but
+each similarity it gives may be off by up to ``eps`` (a bound computed from the vectors' actual
+rounding, see ``qcg_gpu.retrieval.bounds``). Seeds stay exact with two passes:
 
-1. ``scan_block`` reads the bf16 tile once and keeps, per query, every node whose approximate
+1. ``scan_block`` reads the approximate tile once and keeps, per query, every node whose approximate
    similarity ``a`` could still make the exact top n above the threshold ``t``:
    ``a >= max(t, a_n - eps) - eps``, where ``a_n`` is the n-th best approximation seen so far
    (n nodes with ``a >= a_n`` all have exact similarity ``>= a_n - eps``, so the n-th best exact
@@ -16,14 +16,18 @@ may be off by up to ``eps`` (a bound computed from the vectors' actual rounding,
 A query whose candidates overflow the buffer (thousands of near-ties) is flagged; the caller
 selects its seeds with the float32 path instead.
 
-bf16 values arrive as their int16 bit patterns (numba has no bf16 type); ``sortable`` maps them
-to integers that order like the values, and ``VALUES[key + 32768]`` is the value of a key.
+The scan compares integer *keys* that order like the approximations, one type per precision:
+- bf16 values arrive as their int16 bit patterns (numba has no bf16 type); ``sortable`` maps them
+  to integers that order like the values, and ``VALUES[key + 32768]`` is the value of a key;
+- an int8 GEMM gives exact int32 dot products of the quantised vectors; the value of a key is
+  ``key * unit`` with ``unit`` = 1 / (query scale x node scale), one per query.
 """
 
 from __future__ import annotations
 
 import numba
 import numpy as np
+from numba.extending import overload
 
 from .expand_cpu import new_scratch, rank_query
 from .prefetch_cpu import prefetch_row
@@ -50,48 +54,80 @@ def sortable(bits):
     return np.int16(bits ^ ((bits >> 15) & 0x7FFF))
 
 
-@numba.njit(inline="always")
-def _key_floor(floor, values):
-    """The largest key whose value is below ``floor``: keys above it are the ones to keep (<= 1 bf16 step of slack)."""
-    return np.int16(np.searchsorted(values, floor) - 32768 - 1)
+def key_of(raw):
+    """The key of one GEMM output: bf16 bits (int16) -> ``sortable``; an int8 GEMM's int32 -> itself."""
+    raise NotImplementedError  # numba only (the overload below)
+
+
+def key_value(key, unit, values):
+    """The approximate similarity of a key."""
+    raise NotImplementedError
+
+
+def key_floor(floor, unit, values, key):
+    """A key at or below every key whose value reaches ``floor`` (keys above it are the ones to
+    look at; <= 1 bf16 step or integer of slack). ``key`` only gives the key type."""
+    raise NotImplementedError
+
+
+@overload(key_of, inline="always")
+def _key_of(raw):
+    if raw.bitwidth == 16:
+        return lambda raw: sortable(raw)
+    return lambda raw: raw
+
+
+@overload(key_value, inline="always")
+def _key_value(key, unit, values):
+    if key.bitwidth == 16:
+        return lambda key, unit, values: values[np.int32(key) + 32768]
+    return lambda key, unit, values: np.float32(key) * unit
+
+
+@overload(key_floor, inline="always")
+def _key_floor(floor, unit, values, key):
+    if key.bitwidth == 16:
+        return lambda floor, unit, values, key: np.int16(np.searchsorted(values, floor) - 32768 - 1)
+    return lambda floor, unit, values, key: np.int32(min(max(np.floor(floor / unit) - 1.0, -(2.0**31)), 2.0**31 - 1))
 
 
 @numba.njit(inline="always")
 def _block_max(flat, start, length):
-    """Largest key of flat[start : start + length]."""
-    m = np.int16(-32768)
+    """Largest key of flat[start : start + length] (length >= 1)."""
     base = np.uint64(start)
-    for j in range(length):  # unsigned indices: no wraparound check, so LLVM vectorises
-        m = max(m, sortable(flat[base + np.uint64(j)]))
+    m = key_of(flat[base])
+    for j in range(1, length):  # unsigned indices: no wraparound check, so LLVM vectorises
+        m = max(m, key_of(flat[base + np.uint64(j)]))
     return m
 
 
 @numba.njit(parallel=True, cache=True)
-def scan_block(bits, col0, t_minus_eps, eps, n, cand_ids, cand_vals, counts, best, overflow, values):
-    """One (rows, cols) bf16 tile whose column 0 is node ``col0``; updates each row's candidates
+def scan_block(approx, col0, t_minus_eps, eps, unit, n, cand_ids, cand_vals, counts, best, overflow, values):
+    """One (rows, cols) tile of approximate similarities (bf16 bits or int8 dot products, see the
+    module docstring) whose column 0 is node ``col0``; updates each row's candidates
     (``cand_ids/cand_vals/counts``), its n best approximations ``best`` (descending) and ``overflow``."""
-    rows, cols = bits.shape
-    flat = bits.ravel()  # C-contiguous: a view
+    rows, cols = approx.shape
+    flat = approx.ravel()  # C-contiguous: a view
     capacity = cand_ids.shape[1]
     for r in numba.prange(rows):
         if overflow[r]:
             continue
         ids, vals, top = cand_ids[r], cand_vals[r], best[r]
         floor = max(t_minus_eps[r], top[n - 1] - 2 * eps[r])
-        key_floor = _key_floor(floor, values)
+        lowest = key_floor(floor, unit[r], values, flat[0])
         count = counts[r]
         for start in range(0, cols, BLOCK):
-            if _block_max(flat, r * cols + start, min(BLOCK, cols - start)) <= key_floor:
+            if _block_max(flat, r * cols + start, min(BLOCK, cols - start)) <= lowest:
                 continue  # most blocks end here
             for sub in range(start, min(start + BLOCK, cols), SUB_BLOCK):
                 stop = min(sub + SUB_BLOCK, cols)
-                if _block_max(flat, r * cols + sub, stop - sub) <= key_floor:
+                if _block_max(flat, r * cols + sub, stop - sub) <= lowest:
                     continue
                 for j in range(sub, stop):
-                    key = sortable(flat[r * cols + j])
-                    if key <= key_floor:
+                    key = key_of(flat[r * cols + j])
+                    if key <= lowest:
                         continue
-                    v = values[np.int32(key) + 32768]
+                    v = key_value(key, unit[r], values)
                     if v < floor:
                         continue
                     if count == capacity:  # drop what the risen floor excludes; give up on a row of near-ties
@@ -114,7 +150,7 @@ def scan_block(bits, col0, t_minus_eps, eps, n, cand_ids, cand_vals, counts, bes
                         top[pos] = v
                         new_floor = max(t_minus_eps[r], top[n - 1] - 2 * eps[r])
                         if new_floor > floor:
-                            floor, key_floor = new_floor, _key_floor(new_floor, values)
+                            floor, lowest = new_floor, key_floor(new_floor, unit[r], values, flat[0])
                 if overflow[r]:
                     break
             if overflow[r]:
@@ -222,7 +258,7 @@ def rescore_and_rank(
 @numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
 def rounding_norms(queries, rounded):
     """float64 norms |q|, |q~| and |q - q~| per row, q~ = ``rounded``, the bf16 rounding of q (as float32):
-    the query side of ``qcg_gpu.retrieval.bound_from_norms``."""
+    the query side of ``qcg_gpu.retrieval.bounds.bound_from_norms``."""
     rows, dim = queries.shape
     q_norm, rounded_norm, residual_norm = np.empty(rows), np.empty(rows), np.empty(rows)
     for r in numba.prange(rows):
@@ -234,3 +270,26 @@ def rounding_norms(queries, rounded):
             dd += (q - x) * (q - x)
         q_norm[r], rounded_norm[r], residual_norm[r] = np.sqrt(qq), np.sqrt(rr), np.sqrt(dd)
     return q_norm, rounded_norm, residual_norm
+
+
+@numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
+def quantize_int8(x, scale):
+    """Rows of ``x`` times their ``scale``, rounded to int8 (|values| <= 127 by the caller's scale),
+    and the float64 norms |x|, |x^| and |x - x^| per row, x^ = int8 / scale: these rows' side of
+    ``qcg_gpu.retrieval.bounds.bound_from_norms``."""
+    rows, dim = x.shape
+    out = np.empty((rows, dim), dtype=np.int8)
+    x_norm, rounded_norm, residual_norm = np.empty(rows), np.empty(rows), np.empty(rows)
+    for r in numba.prange(rows):
+        s = np.float64(scale[r])
+        xx = rr = dd = 0.0
+        for d in range(dim):
+            v = np.float64(x[r, d])
+            k = min(max(np.rint(v * s), -127.0), 127.0)
+            out[r, d] = np.int8(k)
+            w = k / s
+            xx += v * v
+            rr += w * w
+            dd += (v - w) * (v - w)
+        x_norm[r], rounded_norm[r], residual_norm[r] = np.sqrt(xx), np.sqrt(rr), np.sqrt(dd)
+    return out, x_norm, rounded_norm, residual_norm

@@ -34,7 +34,7 @@ from .errors import QCGError
 from .knn import degree, exact_rows, knn_graph
 from .retrieval import QCGIndex, Retriever, seed_threshold
 from .retrieval.result import tile_rows
-from .retrieval.search import use_prefilter
+from .retrieval.search import prefilter_kind
 
 DIM = 384
 PARTS = ("retrieval", "knn", "embedding", "doc2query")
@@ -46,7 +46,7 @@ class BenchConfig:
     nodes: str = option("100000", "Synthetic index sizes N (retrieval, knn), comma-separated.")
     batch: str = option("1000,10000", "Query batch sizes B (retrieval), comma-separated.")
     backends: str = option(
-        "numpy,torch", "Retrieval backends, comma-separated; backend:off|bf16 forces the prefilter (default auto)."
+        "numpy,torch", "Retrieval backends, comma-separated; backend:off|bf16|int8 forces the prefilter (default auto)."
     )
     device: str = option("cpu", "Torch device of the torch backend and the topk route (cuda on a GPU).")
     knn_probes: int = option(16, "IVF lists searched per node by the approximate kNN graph (knn).")
@@ -220,7 +220,7 @@ def retrieval_rows(config: BenchConfig, retrieval: RetrievalConfig):
                     "nodes": n_nodes,
                     "batch": b,
                     "backend": backend,
-                    "gemm": "bf16 prefilter" if use_prefilter(options, config.device) else "float32",
+                    "gemm": f"{kind} prefilter" if (kind := prefilter_kind(options, config.device)) else "float32",
                     "queries_per_s": round(b / s_ours, 1),
                     "library_queries_per_s": round(b / s_lib, 1),
                     "topk_queries_per_s": round(b / s_topk, 1),

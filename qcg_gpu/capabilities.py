@@ -81,11 +81,17 @@ def _cpuinfo() -> tuple[str, frozenset[str]]:
     return name, flags
 
 
-def cpu_has_fast_bf16() -> bool:
-    """True when the CPU multiplies bf16 in hardware (AMX or AVX512-BF16): bf16 GEMMs then run
-    several times faster than float32 (elsewhere they are emulated and slower)."""
-    flags = _cpuinfo()[1]
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+def cpu_has_amx() -> bool:
+    """True when the CPU multiplies bf16 matrices in AMX tiles (Sapphire Rapids on): a bf16 GEMM then
+    runs 6x float32. AVX512-BF16 alone does not pay: its bf16 GEMM measured 0.6x float32, slower
+    than int8 (benchmarks/RESULTS.md)."""
+    return "amx_bf16" in _cpuinfo()[1]
+
+
+def cpu_has_int8_simd() -> bool:
+    """True when the CPU multiplies int8 vectors in SIMD (x86 AVX2 and later): an int8 GEMM then runs
+    1.6-1.8x float32, 3.6x with VNNI (Cascade Lake and later Xeons, AMD Zen 4 and later)."""
+    return "avx2" in _cpuinfo()[1]
 
 
 def cpu_kind() -> str:
@@ -95,7 +101,22 @@ def cpu_kind() -> str:
 
     name, flags = _cpuinfo()
     extensions = [label for flag, label in CPU_EXTENSIONS if flag in flags] or ["no AVX2"]
-    return f"{name or platform.processor() or platform.machine()}, {os.cpu_count()} cores, {' '.join(extensions)}"
+    kind = f"{name or platform.processor() or platform.machine()}, {os.cpu_count()} cores, {' '.join(extensions)}"
+    caps = [f"{k}={os.environ[k]}" for k in INSTRUCTION_CAPS if k in os.environ]
+    return kind + (f" (libraries capped: {' '.join(caps)})" if caps else "")
+
+
+# Environment variables that cap the instruction sets of the libraries (to imitate an older CPU:
+# benchmarks/RESULTS.md): MKL (float32 GEMM), oneDNN (bf16 and int8 GEMMs), ATen, numba's kernels,
+# OpenBLAS (numpy, faiss) and faiss's own kernels.
+INSTRUCTION_CAPS = (
+    "MKL_ENABLE_INSTRUCTIONS",
+    "ONEDNN_MAX_CPU_ISA",
+    "ATEN_CPU_CAPABILITY",
+    "NUMBA_CPU_NAME",
+    "OPENBLAS_CORETYPE",
+    "FAISS_OPT_LEVEL",
+)
 
 
 CPU_EXTENSIONS = [  # (flag, label), fastest first

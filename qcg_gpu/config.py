@@ -368,9 +368,10 @@ class RetrievalConfig:
     )
     prefilter: str = option(
         "auto",
-        "bf16 similarity GEMM as a prefilter with exact rescoring of the candidates (same seeds; several "
-        "times faster on GPUs and on CPUs with AMX); auto = where the hardware has fast bf16.",
-        ("auto", "bf16", "off"),
+        "Low-precision similarity GEMM as a prefilter with exact rescoring of the candidates (same seeds, "
+        "several times faster): bf16 (GPUs, CPUs with AMX) or int8 (CPU backend; x86 CPUs, fastest with "
+        "VNNI); auto = bf16 on GPUs from Ampere on and AMX CPUs, int8 on other x86 CPUs, else off.",
+        ("auto", "bf16", "int8", "off"),
         runtime=True,
     )
 

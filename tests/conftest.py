@@ -23,7 +23,11 @@ SAMPLE_DOCS = REPO / "examples" / "lihuaworld_sample" / "docs"
 DEVICES = ["cpu"] + (["cuda"] if with_cuda() else [])
 KNN_BACKENDS = [("torch", device) for device in DEVICES] + ([("faiss", None)] if WITH_FAISS else [])
 RETRIEVAL_BACKENDS = [pytest.param({"backend": "numpy", "prefilter": "off"}, id="numpy")]
-RETRIEVAL_BACKENDS += [pytest.param({"backend": "numpy", "prefilter": "bf16"}, id="numpy-bf16")] if WITH_TORCH else []
+RETRIEVAL_BACKENDS += (
+    [pytest.param({"backend": "numpy", "prefilter": p}, id=f"numpy-{p}") for p in ("bf16", "int8")]
+    if WITH_TORCH
+    else []
+)
 RETRIEVAL_BACKENDS += (
     [
         pytest.param({"backend": "torch", "device": d, "prefilter": p}, id=f"torch-{d}-{p}")

@@ -140,7 +140,7 @@ def test_tiny_indexes(backend):
         assert result.n_selected[0] == n_nodes
 
 
-PREFILTERS = [p for p in BACKENDS if p.values[0].get("prefilter") == "bf16"]
+PREFILTERS = [p for p in BACKENDS if p.values[0].get("prefilter") in ("bf16", "int8")]
 TORCH_BACKENDS = [p for p in BACKENDS if p.values[0]["backend"] == "torch"]
 
 
@@ -165,7 +165,7 @@ def test_torch_seed_selection_paths_match_reference(backend, selection):
 
 
 @pytest.mark.parametrize("backend", PREFILTERS)
-def test_bf16_prefilter_over_several_tiles_matches_reference(backend):
+def test_prefilter_over_several_tiles_matches_reference(backend):
     # > 8192 nodes and > 512 queries: several GEMM blocks per row tile, a partial last block, two row tiles
     index = random_index(7, 9000, 24, 2, n_chunks=700)
     queries = queries_for(index, 7, 530)
@@ -175,7 +175,7 @@ def test_bf16_prefilter_over_several_tiles_matches_reference(backend):
 
 
 @pytest.mark.parametrize("backend", PREFILTERS)
-def test_bf16_prefilter_falls_back_on_rows_of_near_ties(backend):
+def test_prefilter_falls_back_on_rows_of_near_ties(backend):
     # 3000 copies of one vector overflow the candidate buffer of a query near them: that row takes
     # the float32 path (ties by lower id), the other rows stay on the prefilter
     rng = np.random.default_rng(5)
@@ -196,48 +196,93 @@ def test_bf16_prefilter_falls_back_on_rows_of_near_ties(backend):
         np.testing.assert_array_equal(getattr(result, field), getattr(exact, field))
 
 
-@pytest.mark.skipif(not WITH_TORCH, reason="the bf16 prefilter runs its GEMM in torch")
-@pytest.mark.parametrize("device", DEVICES)
-def test_bf16_prefilters_rescore_exactly_on_every_backend(device):
-    # The bound covers the exact similarity, so both prefilters rescore their candidates in float64:
+EXACT_PREFILTERS = [{"backend": "torch", "device": d, "prefilter": "bf16"} for d in DEVICES]
+EXACT_PREFILTERS += [{"backend": "numpy", "prefilter": "int8"}]
+
+
+@pytest.mark.skipif(not WITH_TORCH, reason="the prefilters run their GEMM in torch")
+@pytest.mark.parametrize("other", EXACT_PREFILTERS, ids=lambda o: "-".join(o.values()))
+def test_prefilters_rescore_exactly_on_every_backend(other):
+    # Each bound covers the exact similarity, so every prefilter rescores its candidates in float64:
     # a float32 rescoring (off by up to d 2^-24 |q||u|) would fall outside it, and its values differ
-    # from the numpy prefilter's in the last bits
+    # from the numpy bf16 prefilter's in the last bits. So all prefilters give the same seeds and sims.
     index = random_index(3, 3000, 384, 2, n_chunks=300)
     queries = queries_for(index, 3, 200)
-    config = RetrievalConfig(gamma=1.0, n=10, hops=1, top_k=5, prefilter="bf16")
-    numpy_result = Retriever(index, RetrievalConfig(**{**vars(config), "backend": "numpy"})).search(queries)
-    torch_result = Retriever(index, RetrievalConfig(**{**vars(config), "backend": "torch", "device": device}))
-    torch_result = torch_result.search(queries)
+    config = RetrievalConfig(gamma=1.0, n=10, hops=1, top_k=5, backend="numpy", prefilter="bf16")
+    numpy_result = Retriever(index, config).search(queries)
+    other_result = Retriever(index, RetrievalConfig(**{**vars(config), **other})).search(queries)
     assert (numpy_result.seed_ids >= 0).sum() > 1000
-    np.testing.assert_array_equal(torch_result.seed_ids, numpy_result.seed_ids)
-    np.testing.assert_array_equal(torch_result.seed_sims, numpy_result.seed_sims)
+    np.testing.assert_array_equal(other_result.seed_ids, numpy_result.seed_ids)
+    np.testing.assert_array_equal(other_result.seed_sims, numpy_result.seed_sims)
     exact = (queries.astype(np.float64) @ index.node_embeddings.T.astype(np.float64)).astype(np.float32)
     seeds = numpy_result.seed_ids >= 0
     rows = np.nonzero(seeds)[0]
-    np.testing.assert_array_equal(torch_result.seed_sims[seeds], exact[rows, numpy_result.seed_ids[seeds]])
+    np.testing.assert_array_equal(other_result.seed_sims[seeds], exact[rows, numpy_result.seed_ids[seeds]])
 
 
-@pytest.mark.skipif(not WITH_TORCH, reason="the bf16 prefilter runs its GEMM in torch")
-def test_bf16_error_bound_holds_for_the_real_gemm():
-    import torch
+def unit_rows(rng, rows: int, dim: int, around=None) -> np.ndarray:
+    x = rng.standard_normal((rows, dim)) if around is None else around + 0.3 * rng.standard_normal((rows, dim))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
-    from qcg_gpu.retrieval.numpy_backend import Bf16Prefilter
+
+def nodes_only(x: np.ndarray) -> QCGIndex:
+    return QCGIndex(None, {}, x, np.zeros(len(x) + 1, np.int64), np.zeros(0, np.int64), np.zeros(len(x), np.int64), 1)
+
+
+@pytest.mark.skipif(not WITH_TORCH, reason="the prefilters run their GEMM in torch")
+@pytest.mark.parametrize("kind", ["bf16", "int8"])
+def test_prefilter_error_bounds_hold_for_the_real_gemm(kind):
+    """Every approximate similarity the scan reads (the real GEMM's output as keys, valued as the
+    kernel values them) lies within the bound of the exact one, and the bound is tight enough to prune."""
+    from qcg_gpu.kernels import prefilter_cpu
+    from qcg_gpu.retrieval.numpy_backend import Bf16Prefilter, Int8Prefilter
 
     rng = np.random.default_rng(11)
     for dim in (16, 384):
-        x = rng.standard_normal((4000, dim))
-        x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
-        q = x[:300] + 0.3 * rng.standard_normal((300, dim)).astype(np.float32)
-        q = (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
-        prefilter = Bf16Prefilter(
-            QCGIndex(None, {}, x, np.zeros(len(x) + 1, np.int64), np.zeros(0, np.int64), np.zeros(len(x), np.int64), 1)
-        )
-        q_bf16 = torch.from_numpy(q).bfloat16()
-        approx = torch.mm(q_bf16, prefilter.nodes_bf16.T).double().numpy()
+        x = unit_rows(rng, 4000, dim)
+        q = unit_rows(rng, 300, dim, around=x[:300])
+        x[7] *= 0  # a zero node and a zero query: scales stay finite, the bound still holds
+        q[5] *= 0
+        prefilter = {"bf16": Bf16Prefilter, "int8": Int8Prefilter}[kind](nodes_only(x))
+        prefilter.cols = len(x)
+        tile, bound, unit = prefilter.round_tile(q)
+        keys = prefilter.keys(tile, 0, prefilter.output(len(q)))
+        if kind == "bf16":
+            sortable = keys ^ ((keys >> 15) & 0x7FFF)  # as kernels/prefilter_cpu.py's sortable()
+            approx = prefilter_cpu.VALUES[sortable.astype(np.int32) + 32768]
+        else:
+            approx = keys.astype(np.float32) * unit[:, None]
         error = np.abs(q.astype(np.float64) @ x.T.astype(np.float64) - approx)
-        bound = prefilter.error_bound(q, q_bf16)
         assert (error <= bound[:, None]).all()
-        assert bound.max() < 0.02  # tight enough to prune: a few bf16 steps
+        assert bound.max() < {"bf16": 0.02, "int8": 0.05}[kind]  # a few rounding steps
+
+
+CPU_FLAGS = {  # /proc/cpuinfo flags of the CPU kinds the prefilter choice tells apart
+    "Sapphire Rapids (AMX)": {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8"},
+    "Zen 4 (AVX512-BF16, no AMX)": {"avx2", "avx512f", "avx512_vnni", "avx512_bf16"},
+    "Cascade Lake (VNNI)": {"avx2", "avx512f", "avx512_vnni"},
+    "Zen 3 (AVX2)": {"avx2"},
+    "Arm": {"asimd", "sve"},
+}
+
+
+@pytest.mark.parametrize(
+    "cpu, want",
+    [("Sapphire Rapids (AMX)", "bf16"), ("Zen 4 (AVX512-BF16, no AMX)", "int8"), ("Cascade Lake (VNNI)", "int8")]
+    + [("Zen 3 (AVX2)", "int8"), ("Arm", None)],
+)
+def test_auto_prefilter_takes_the_fastest_measured_gemm(monkeypatch, cpu, want):
+    """bf16 only with AMX (AVX512-BF16 alone measured 0.6x float32), int8 on other x86 CPUs, and the
+    float32 GEMM where nothing was measured faster; an explicit choice is kept."""
+    from qcg_gpu import capabilities
+    from qcg_gpu.retrieval.search import prefilter_kind
+
+    monkeypatch.setattr(capabilities, "_cpuinfo", lambda: ("a CPU", frozenset(CPU_FLAGS[cpu])))
+    assert prefilter_kind(RetrievalConfig(backend="numpy")) == (want if WITH_TORCH else None)
+    assert prefilter_kind(RetrievalConfig(backend="numpy", prefilter="off")) is None
+    assert prefilter_kind(RetrievalConfig(backend="numpy", prefilter="int8")) == "int8"
+    with pytest.raises(QCGError, match="int8 runs on the numpy backend"):
+        prefilter_kind(RetrievalConfig(backend="torch", prefilter="int8"))
 
 
 def test_query_checks():

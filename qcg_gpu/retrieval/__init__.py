@@ -8,9 +8,9 @@ RetrievalResult out, equal across backends), one entry point (:func:`search`):
 ``search``         the entry point, the backend choice and :class:`Retriever`
 ``index``          :class:`QCGIndex`, the arrays retrieval reads from an index directory
 ``result``         :class:`RetrievalResult`, the query check, the seed threshold, tile sizes
-``numpy_backend``  CPU: BLAS GEMM + numba kernels (``kernels/``), bf16 prefilter on AMX CPUs
+``numpy_backend``  CPU: BLAS GEMM + numba kernels (``kernels/``), bf16 or int8 prefilter
 ``torch_backend``  torch tensors: CUDA when present, CPU tensors otherwise
-``bf16``           the error bound that keeps the bf16 prefilter exact
+``bounds``         the error bounds that keep the bf16 and int8 prefilters exact
 ``ray_backend``    the queries split over Ray workers
 ``baselines``      naive RAG, D2Q and D2Q-- over chunk embeddings
 ``trace``          the case-study view of one query

@@ -1,8 +1,8 @@
 """CPU retrieval: a BLAS GEMM per query tile, then the numba kernels of ``kernels/`` (fused
 threshold/top-n seed selection; fused expansion + gather-dot + chunk mean + top-K). On CPUs with
-fast bf16 (AMX) the GEMM runs in bf16 as a prefilter (``bf16.py``) and the candidates it keeps
-are rescored exactly; rows with too many near-ties take the float32 path, so the seeds are
-always the float32 path's."""
+AMX the GEMM runs in bf16 as a prefilter, on other x86 CPUs in int8 (``bounds.py``), and the
+candidates it keeps are rescored exactly; rows with too many near-ties take the float32 path, so
+the seeds are always the float32 path's."""
 
 from __future__ import annotations
 
@@ -13,15 +13,21 @@ import numpy as np
 
 from ..capabilities import WITH_TORCH, require
 from ..config import RetrievalConfig
-from .bf16 import bf16_rounding, bound_from_norms
+from .bounds import (
+    INT8_OUTPUT_ROUNDOFF,
+    bf16_rounding,
+    bf16_roundoff,
+    bound_from_norms,
+    int8_node_scale,
+    int8_row_scales,
+)
 from .index import QCGIndex
 from .result import RetrievalResult, seed_threshold, tile_rows
 
-BF16_TILE = (512, 8192)  # queries x nodes per bf16 GEMM on CPU: 8 MiB of output, measured fastest with AMX
-
 
 class NumpyBackend:
-    def __init__(self, index: QCGIndex, prefilter: bool = False):
+    def __init__(self, index: QCGIndex, prefilter: str | None = None):
+        """``prefilter``: None (the float32 GEMM), "bf16" or "int8"."""
         import numba
 
         from ..kernels import expand_cpu, seeds_cpu
@@ -31,8 +37,9 @@ class NumpyBackend:
         self._buffer: np.ndarray | None = None  # float32 similarity tile, reused: no page faults per tile
         self._gemm = float32_gemm(index.node_embeddings)
         self.graph = compact_graph(index)
-        self.prefilter = Bf16Prefilter(index, self.graph) if prefilter and index.n_nodes else None
-        self.fallback_rows = 0  # queries whose near-ties overflowed the bf16 candidates (float32 path instead)
+        kind = {"bf16": Bf16Prefilter, "int8": Int8Prefilter}.get(prefilter) if index.n_nodes else None
+        self.prefilter = kind(index, self.graph) if kind else None
+        self.fallback_rows = 0  # queries whose near-ties overflowed the prefilter's candidates (float32 path instead)
 
     def search(self, q: np.ndarray, config: RetrievalConfig) -> RetrievalResult:
         index, out = self.index, RetrievalResult.empty(len(q), config)
@@ -112,59 +119,63 @@ def compact_graph(index: QCGIndex) -> tuple:
     return tuple(np.ascontiguousarray(a, np.int32 if fits else np.int64) for a in arrays)
 
 
-class Bf16Prefilter:
-    """Exact seeds from a bf16 GEMM on CPU (kernels/prefilter_cpu.py): candidates within the
-    rounding bound of the n best are rescored exactly; rows with too many near-ties are flagged."""
+class Prefilter:
+    """Exact seeds from a low-precision GEMM on CPU (kernels/prefilter_cpu.py): candidates within the
+    error bound (``bounds.py``) of the n best are rescored exactly; rows with too many near-ties are
+    flagged. A subclass gives the precision: the nodes' copy, a query tile's copy with its bound, the GEMM."""
 
-    rows = BF16_TILE[0]
+    rows, cols = 512, 8192  # queries x nodes per GEMM: measured fastest with AMX (bf16) and VNNI (int8)
+    spare = 256  # candidates kept per query beyond 4n before a row counts as near-ties (float32 path instead)
 
     def __init__(self, index: QCGIndex, graph: tuple | None = None):
         import numba
 
         from ..kernels import prefilter_cpu
 
-        self.torch = torch = require("torch")
+        self.torch = require("torch")
         self.kernels, self.index, self.nodes = prefilter_cpu, index, index.node_embeddings
         self.graph = graph if graph is not None else compact_graph(index)
         self._threads = numba.get_num_threads
-        nodes = index.node_embeddings
-        self.nodes_bf16 = torch.empty(nodes.shape, dtype=torch.bfloat16)
-        for start in range(0, len(nodes), 65536):  # in blocks: nodes may be a read-only memory map
-            self.nodes_bf16[start : start + 65536] = torch.from_numpy(
-                np.array(nodes[start : start + 65536], np.float32)
-            )
-        self.node_norm, self.node_residual = bf16_rounding(nodes, self.nodes_bf16)
-        self._gemm_out: Any = None  # the bf16 GEMM's output tile (a torch tensor), reused
+        self._gemm_out: Any = None  # the GEMM's output tile (a torch tensor), reused: a fresh one costs page faults
 
-    def error_bound(self, tile: np.ndarray, tile_bf16) -> np.ndarray:
-        norms = self.kernels.rounding_norms(tile, tile_bf16.float().numpy())
-        q_norm, rounded_norm, residual_norm = norms
-        return bound_from_norms(
-            q_norm, rounded_norm, residual_norm, tile.shape[1], self.node_norm, self.node_residual
-        ).astype(np.float32)
+    def round_tile(self, tile: np.ndarray):
+        """(the tile in the GEMM's precision, the error bound per row, the value of one integer key per row)."""
+        raise NotImplementedError
+
+    def gemm(self, tile_low, block, out):
+        """The approximate similarities of the tile and a block of nodes (``out`` or a new tensor)."""
+        raise NotImplementedError
+
+    def output(self, rows: int):
+        if self._gemm_out is None or len(self._gemm_out) < rows:
+            self._gemm_out = self.torch.empty((rows, self.cols), dtype=self.output_dtype)
+        return self._gemm_out[:rows]
+
+    def keys(self, tile_low, col0: int, out) -> np.ndarray:
+        """The GEMM of the tile and nodes col0.. into ``out`` (a new tile for a shorter last block), as
+        the scan's integer keys."""
+        block = self.nodes_low[col0 : col0 + self.cols]
+        approx = self.gemm(tile_low, block.T, out if len(block) == out.shape[1] else None)
+        return approx.view(self.key_dtype).numpy()
 
     def search(self, tile: np.ndarray, threshold: np.float32, n: int, config: RetrievalConfig):
         """Seeds, [chunk ids, scores, |Q*|] and the overflow mask per query. Overflowed rows (thousands
         of near-ties) are left empty for the caller's float32 path."""
-        torch, k, index = self.torch, self.kernels, self.index
-        tile_bf16 = torch.from_numpy(tile).bfloat16()
-        eps = self.error_bound(tile, tile_bf16)
-        rows, capacity = len(tile), 4 * n + 256
+        k, index = self.kernels, self.index
+        tile_low, eps, unit = self.round_tile(tile)
+        rows, capacity = len(tile), 4 * n + self.spare
         cand_ids, cand_vals = np.empty((rows, capacity), np.int64), np.empty((rows, capacity), np.float32)
         counts, overflow = np.zeros(rows, np.int64), np.zeros(rows, np.bool_)
         best = np.full((rows, n), -np.inf, np.float32)
         t_minus_eps = (threshold - eps).astype(np.float32)
-        if self._gemm_out is None or len(self._gemm_out) < rows:
-            self._gemm_out = torch.empty((rows, BF16_TILE[1]), dtype=torch.bfloat16)
-        out = self._gemm_out[:rows]  # reused: a fresh 8 MiB tile costs page faults on every write
-        for col0 in range(0, len(self.nodes), BF16_TILE[1]):
-            block = self.nodes_bf16[col0 : col0 + BF16_TILE[1]]
-            approx = torch.mm(tile_bf16, block.T, out=out if len(block) == out.shape[1] else None)
+        out = self.output(rows)
+        for col0 in range(0, len(self.nodes), self.cols):
             k.scan_block(
-                approx.view(torch.int16).numpy(),
+                self.keys(tile_low, col0, out),
                 col0,
                 t_minus_eps,
                 eps,
+                unit,
                 n,
                 cand_ids,
                 cand_vals,
@@ -191,3 +202,62 @@ class Bf16Prefilter:
             self._threads(),
         )
         return ids, vals, ranked, overflow
+
+
+class Bf16Prefilter(Prefilter):
+    """bf16 GEMM (AMX tiles through oneDNN), its output read as int16 bit patterns."""
+
+    def __init__(self, index: QCGIndex, graph: tuple | None = None):
+        super().__init__(index, graph)
+        torch, nodes = self.torch, index.node_embeddings
+        self.output_dtype, self.key_dtype = torch.bfloat16, torch.int16  # bf16 bit patterns as keys
+        self.nodes_low = torch.empty(nodes.shape, dtype=torch.bfloat16)
+        for start in range(0, len(nodes), 65536):  # in blocks: nodes may be a read-only memory map
+            self.nodes_low[start : start + 65536] = torch.from_numpy(np.array(nodes[start : start + 65536], np.float32))
+        self.node_norm, self.node_residual = bf16_rounding(nodes, self.nodes_low)
+
+    def error_bound(self, tile: np.ndarray, tile_bf16) -> np.ndarray:
+        q_norm, rounded_norm, residual_norm = self.kernels.rounding_norms(tile, tile_bf16.float().numpy())
+        roundoff = bf16_roundoff(tile.shape[1])
+        bound = bound_from_norms(q_norm, rounded_norm, residual_norm, self.node_norm, self.node_residual, roundoff)
+        return bound.astype(np.float32)
+
+    def round_tile(self, tile: np.ndarray):
+        tile_bf16 = self.torch.from_numpy(tile).bfloat16()
+        return tile_bf16, self.error_bound(tile, tile_bf16), np.ones(len(tile), np.float32)  # bf16 keys need no unit
+
+    def gemm(self, tile_bf16, block, out):
+        return self.torch.mm(tile_bf16, block, out=out)
+
+
+class Int8Prefilter(Prefilter):
+    """int8 GEMM (oneDNN through ``torch._int_mm``), exact int32 sums: 3.6x float32 with VNNI (Cascade
+    Lake and later Xeons, AMD Zen 4 on), 1.6-1.8x with AVX2 alone (``benchmarks/bench_gemm.py``)."""
+
+    def __init__(self, index: QCGIndex, graph: tuple | None = None):
+        super().__init__(index, graph)
+        torch, nodes = self.torch, index.node_embeddings
+        self.output_dtype = self.key_dtype = torch.int32  # exact integer dot products as keys
+        self.spare = 1024  # its bound is ~2.5x bf16's, so ~2.5x as many candidates are within it
+        self.node_scale = int8_node_scale(nodes)
+        self.nodes_low = torch.empty(nodes.shape, dtype=torch.int8)
+        norms, residuals = [0.0], [0.0]
+        for start in range(0, len(nodes), 65536):  # in blocks: nodes may be a read-only memory map
+            block = np.asarray(nodes[start : start + 65536], np.float32)
+            rounded, norm, _, residual = self.kernels.quantize_int8(block, np.full(len(block), self.node_scale))
+            self.nodes_low[start : start + len(block)] = torch.from_numpy(rounded)
+            norms.append(norm.max())
+            residuals.append(residual.max())
+        self.node_norm, self.node_residual = max(norms), max(residuals)  # the node side of the bound
+
+    def round_tile(self, tile: np.ndarray):
+        scale = int8_row_scales(tile)
+        tile_int8, q_norm, rounded_norm, residual_norm = self.kernels.quantize_int8(tile, scale)
+        eps = bound_from_norms(
+            q_norm, rounded_norm, residual_norm, self.node_norm, self.node_residual, INT8_OUTPUT_ROUNDOFF
+        )
+        unit = (1.0 / (scale * self.node_scale)).astype(np.float32)
+        return self.torch.from_numpy(tile_int8), eps.astype(np.float32), unit
+
+    def gemm(self, tile_int8, block, out):
+        return self.torch._int_mm(tile_int8, block, out=out)

@@ -11,7 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..capabilities import WITH_TORCH, cpu_has_fast_bf16, default_device, require, with_cuda
+from ..capabilities import WITH_TORCH, cpu_has_amx, cpu_has_int8_simd, default_device, require, with_cuda
 from ..config import BASELINES, RetrievalConfig
 from ..errors import QCGError
 from .index import QCGIndex
@@ -32,13 +32,20 @@ def backend_name(config: RetrievalConfig) -> str:
     return "torch" if with_cuda() else "numpy"
 
 
-def use_prefilter(config: RetrievalConfig, device: str = "cpu") -> bool:
-    """auto: bf16 where it is fast, i.e. CUDA GPUs with bf16 tensor cores (Ampere on) and CPUs with AMX/AVX512-BF16."""
+def prefilter_kind(config: RetrievalConfig, device: str = "cpu") -> str | None:
+    """The GEMM precision that prefilters the seeds ("bf16", "int8") or None for the float32 GEMM.
+    auto, the fastest measured (benchmarks/RESULTS.md): bf16 on CUDA GPUs from Ampere on and on
+    CPUs with AMX, int8 on other x86 CPUs (AVX2 on), the float32 GEMM elsewhere."""
+    name = backend_name(config)
+    if config.prefilter == "int8" and name != "numpy":
+        raise QCGError("--prefilter int8 runs on the numpy backend (CPU); the torch backend takes off or bf16")
     if config.prefilter != "auto":
-        return config.prefilter == "bf16"
-    if backend_name(config) == "torch" and device.startswith("cuda"):
-        return require("torch").cuda.get_device_capability(device)[0] >= 8
-    return backend_name(config) == "numpy" and WITH_TORCH and cpu_has_fast_bf16()
+        return None if config.prefilter == "off" else config.prefilter
+    if name == "torch" and device.startswith("cuda"):
+        return "bf16" if require("torch").cuda.get_device_capability(device)[0] >= 8 else None
+    if name != "numpy" or not WITH_TORCH:
+        return None
+    return "bf16" if cpu_has_amx() else "int8" if cpu_has_int8_simd() else None
 
 
 def make_backend(index: QCGIndex, config: RetrievalConfig, cluster=None) -> Backend:
@@ -53,11 +60,11 @@ def make_backend(index: QCGIndex, config: RetrievalConfig, cluster=None) -> Back
         from .torch_backend import TorchBackend
 
         device = config.device or default_device()
-        return TorchBackend(index, device, use_prefilter(config, device))
+        return TorchBackend(index, device, prefilter_kind(config, device) == "bf16")
     if name == "numpy":
         from .numpy_backend import NumpyBackend
 
-        return NumpyBackend(index, use_prefilter(config))
+        return NumpyBackend(index, prefilter_kind(config))
     raise QCGError(f"unknown retrieval backend {name!r}")
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from ..capabilities import require
 from ..config import RetrievalConfig
 from ..errors import QCGError
-from .bf16 import bf16_error_bound, bf16_rounding
+from .bounds import bf16_error_bound, bf16_rounding
 from .index import QCGIndex
 from .result import SIMILARITY_TILE_ELEMENTS, RetrievalResult, seed_threshold, tile_rows
 
