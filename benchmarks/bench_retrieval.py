@@ -180,6 +180,12 @@ def main() -> None:
         help="backend[:prefilter[:topk]], prefilter off (float32 GEMM), bf16, int8 (numpy) or auto; "
         "torch:...:topk forces the torch backend's topk seed selection (its threshold-first selection otherwise)",
     )
+    parser.add_argument(
+        "--embeddings",
+        type=Path,
+        help="real unit embeddings (.npy, 384-d): nodes are its first rows, queries its last ones (instead of the "
+        "synthetic clusters; the kNN edges and chunks stay synthetic)",
+    )
     parser.add_argument("--device", default="cpu", help="torch device of the torch backend (cuda on a GPU machine)")
     parser.add_argument(
         "--repeat", type=int, default=3, help="repetitions: rates are the best, ratios the median of side-by-side runs"
@@ -194,9 +200,15 @@ def main() -> None:
     rows, gflops, cpu = [], machine_gflops(), cpu_kind()
     print(f"machine: {cpu} ({platform.machine()}), float32 GEMM {gflops:.0f} GFLOP/s")
     for n_nodes in args.nodes:
-        index = synthetic_index(n_nodes)
+        if args.embeddings:
+            vectors = np.load(args.embeddings, mmap_mode="r")
+            if n_nodes + max(args.batch) > len(vectors):
+                raise SystemExit(f"{args.embeddings} has {len(vectors)} rows: too few for {n_nodes} nodes + queries")
+            index, queries_all = synthetic_index(n_nodes, vectors=vectors), np.array(vectors[-max(args.batch) :])
+        else:
+            index = synthetic_index(n_nodes)
+            queries_all = make_queries(index, max(args.batch))
         route = LibraryRoute(index)
-        queries_all = make_queries(index, max(args.batch))
         looped = queries_all[: args.loop_queries]
         loop_result = loop_search(index, looped, config)
         for spec in args.backends:
@@ -216,6 +228,7 @@ def main() -> None:
                 )
                 row = {
                     "nodes": n_nodes,
+                    "embeddings": str(args.embeddings or "synthetic"),
                     "batch": b,
                     "backend": backend + (":topk" if selection == "topk" else ""),
                     "gemm": f"{prefilter} prefilter" if prefilter else "float32",

@@ -88,7 +88,13 @@ def _key_value(key, unit, values):
 def _key_floor(floor, unit, values, key):
     if key.bitwidth == 16:
         return lambda floor, unit, values, key: np.int16(np.searchsorted(values, floor) - 32768 - 1)
-    return lambda floor, unit, values, key: np.int32(min(max(np.floor(floor / unit) - 1.0, -(2.0**31)), 2.0**31 - 1))
+
+    def integer_floor(floor, unit, values, key):
+        # a key's value is float32(key) * unit, rounded: one integer below floor / unit covers the rounding
+        below = np.floor(np.float64(floor) / np.float64(unit)) - 1.0
+        return np.int32(min(max(below, -(2.0**31)), 2.0**31 - 1))
+
+    return integer_floor
 
 
 @numba.njit(inline="always")

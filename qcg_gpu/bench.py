@@ -94,11 +94,14 @@ def clustered_vectors(n_nodes: int, rng: np.random.Generator) -> np.ndarray:
     return x
 
 
-def synthetic_index(n_nodes: int, k: int = 2, nodes_per_chunk: int = 16, seed: int = 0) -> QCGIndex:
-    """Clustered unit vectors, random fixed-degree kNN edges (speed does not depend on which nodes
-    are linked), 16 nodes per chunk (20 pairs, alpha 0.8)."""
+def synthetic_index(
+    n_nodes: int, k: int = 2, nodes_per_chunk: int = 16, seed: int = 0, vectors: np.ndarray | None = None
+) -> QCGIndex:
+    """Clustered unit vectors (or the first ``n_nodes`` of ``vectors``, real embeddings), random
+    fixed-degree kNN edges (speed does not depend on which nodes are linked), 16 nodes per chunk
+    (20 pairs, alpha 0.8)."""
     rng = np.random.default_rng(seed)
-    x = clustered_vectors(n_nodes, rng)
+    x = clustered_vectors(n_nodes, rng) if vectors is None else np.ascontiguousarray(vectors[:n_nodes], np.float32)
     indices = rng.integers(0, n_nodes - 1, (n_nodes, k))
     indices += indices >= np.arange(n_nodes)[:, None]  # no self-loops
     indptr = np.arange(n_nodes + 1, dtype=np.int64) * k
