@@ -15,25 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
 import numpy as np
 
+from qcg_gpu.capabilities import cpu_kind
 from qcg_gpu.embedding import BATCH_SIZE, Embedder
 
 SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lihuaworld_sample" / "docs"
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def texts_of(kind: str, n: int) -> list[str]:
@@ -54,7 +44,7 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[BATCH_SIZE, 128])
     args = parser.parse_args()
     embedder = Embedder(device="cpu")
-    print(json.dumps({"cpu": cpu_name(), "torch_threads": __import__("torch").get_num_threads()}))
+    print(json.dumps({"cpu": cpu_kind(), "torch_threads": __import__("torch").get_num_threads()}))
     for kind in ("lines", "pieces", "whole_logs"):
         texts = texts_of(kind, args.texts)
         times: dict[str, list[float]] = {f"fixed_{b}": [] for b in args.batch_sizes}

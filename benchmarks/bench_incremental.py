@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import time
 from pathlib import Path
 
 import numpy as np
 
+from qcg_gpu.capabilities import cpu_kind
 from qcg_gpu.knn import add_nodes, knn_graph, remove_nodes
 
 DIM = 384
@@ -55,7 +55,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "bench_incremental.json")
     args = parser.parse_args()
 
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores")
+    print(f"machine: {cpu_kind()} ({platform.machine()})")
     rows = []
     for added in args.added:
         x = clustered(args.nodes + added)

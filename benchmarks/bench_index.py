@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from qcg_gpu import doc2query
+from qcg_gpu.capabilities import cpu_kind
 from qcg_gpu.chunking import chunk_document, load_tokenizer
 from qcg_gpu.config import IndexConfig
 from qcg_gpu.documents import SkipLog, read_documents
@@ -96,6 +97,7 @@ def main() -> None:
         "pairs_kept": summary.pairs_kept,
         "pairs_dropped": dict(summary.dropped),
         "embedding_texts_per_s": round((summary.chunks + summary.pairs_valid) / summary.seconds["embed"], 1),
+        "cpu": cpu_kind(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

@@ -15,6 +15,7 @@ import time
 import numpy as np
 import torch
 
+from qcg_gpu.capabilities import cpu_kind
 from qcg_gpu.kernels.gather_dot import gather_dot, gather_dot_cpu
 
 
@@ -53,6 +54,7 @@ def main() -> None:
         einsum(), kernel()  # compile, warm up
         row = {
             "device": args.device,
+            "cpu": cpu_kind(),
             "nodes": args.nodes,
             "queries": args.queries,
             "selected": args.selected,

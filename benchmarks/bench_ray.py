@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 import numpy as np
 from bench_retrieval import make_queries, synthetic_index  # this folder: the retrieval benchmark's index and queries
 
+from qcg_gpu.capabilities import cpu_kind
 from qcg_gpu.index_format import read_manifest
 from qcg_gpu.retrieval import RetrievalConfig, Retriever
 
@@ -174,7 +174,7 @@ def main() -> None:
         rows.append(compare_retrieval(args.nodes, args.queries, args.workers))
         print(json.dumps(rows[-1]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machine": platform.processor() or platform.machine(), "rows": rows}, indent=2))
+    args.out.write_text(json.dumps({"machine": cpu_kind(), "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

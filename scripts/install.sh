@@ -10,8 +10,10 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then 
 extras="${target}${1:+,$1}"
 stamp="$("$PY" -c 'import sys; print(sys.prefix)')/.qcg-gpu-install"
 want="$extras $(pwd) $(sha256sum pyproject.toml | cut -d' ' -f1)"
+# the import check runs outside the checkout: inside it, the current directory would always win
+here=$(pwd)
 if [ "${QCG_REINSTALL:-0}" != 1 ] && grep -qxF "$want" "$stamp" 2>/dev/null \
-    && "$PY" -c "import qcg_gpu, sys; sys.exit(not qcg_gpu.__file__.startswith('$(pwd)/'))" 2>/dev/null; then
+    && (cd / && "$PY" -c "import qcg_gpu, sys; sys.exit(not qcg_gpu.__file__.startswith('$here/'))") 2>/dev/null; then
   exit 0
 fi
 "$PY" -m pip install --quiet --disable-pip-version-check -e ".[${extras}]"

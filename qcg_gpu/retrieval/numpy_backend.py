@@ -37,7 +37,7 @@ class NumpyBackend:
         self._buffer: np.ndarray | None = None  # float32 similarity tile, reused: no page faults per tile
         self._gemm = float32_gemm(index.node_embeddings)
         self.graph = compact_graph(index)
-        kind = {"bf16": Bf16Prefilter, "int8": Int8Prefilter}.get(prefilter) if index.n_nodes else None
+        kind = {"bf16": Bf16Prefilter, "int8": Int8Prefilter}.get(prefilter or "") if index.n_nodes else None
         self.prefilter = kind(index, self.graph) if kind else None
         self.fallback_rows = 0  # queries whose near-ties overflowed the prefilter's candidates (float32 path instead)
 
@@ -126,6 +126,9 @@ class Prefilter:
 
     rows, cols = 512, 8192  # queries x nodes per GEMM: measured fastest with AMX (bf16) and VNNI (int8)
     spare = 256  # candidates kept per query beyond 4n before a row counts as near-ties (float32 path instead)
+    nodes_low: Any  # the nodes in the GEMM's precision (a torch tensor)
+    output_dtype: Any  # the GEMM's output dtype, and the dtype its bits are read as keys in
+    key_dtype: Any
 
     def __init__(self, index: QCGIndex, graph: tuple | None = None):
         import numba
