@@ -1,9 +1,9 @@
 """The similarity GEMM in each precision a prefilter could use, on this CPU (issue 18): how much
 faster than float32 can a low-precision prefilter make retrieval's dominant step?
 
-Times ``queries @ nodes.T`` (384-d, in the bf16 prefilter's tiles of 512 x 8192) in float32
-(torch.mm: MKL), bf16 (torch.mm: oneDNN, AMX where present) and int8 (torch._int_mm: oneDNN,
-VNNI/AMX-INT8 where present), and prints operations per second and the ratio to float32.
+Times ``queries @ nodes.T`` (384-d, in the prefilters' tiles of 512 x 8192) in float32
+(torch.mm: MKL), bf16 and fp16 (torch.mm: oneDNN, AMX where present) and int8 (torch._int_mm:
+oneDNN, VNNI/AMX-INT8 where present), and prints operations per second and the ratio to float32.
 An older CPU can be imitated on a recent Intel one by capping the libraries' instruction sets, as
 RESULTS.md does (the caps are printed with the CPU): a Xeon with VNNI but no bf16 (Cascade Lake,
 Ice Lake) by capping oneDNN, an AMD EPYC Zen 2/3 (AVX2 only) by capping everything:
@@ -36,7 +36,7 @@ def rate(dtype: str, repeat: int = 3) -> float:
         def mm(block):
             return torch._int_mm(q, block.T, out=out)
     else:
-        kind = {"float32": torch.float32, "bf16": torch.bfloat16}[dtype]
+        kind = {"float32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
         q = torch.randn((ROWS, DIM), generator=gen).to(kind)
         x = torch.randn((NODES, DIM), generator=gen).to(kind)
         out = torch.empty((ROWS, COLS), dtype=kind)
@@ -56,7 +56,7 @@ def rate(dtype: str, repeat: int = 3) -> float:
 
 
 def main() -> None:
-    rates = {dtype: rate(dtype) for dtype in ("float32", "bf16", "int8")}
+    rates = {dtype: rate(dtype) for dtype in ("float32", "bf16", "fp16", "int8")}
     row = {
         "cpu": cpu_kind(),
         **{f"{d}_gops": round(r, 1) for d, r in rates.items()},
