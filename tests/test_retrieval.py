@@ -235,7 +235,7 @@ def test_prefilter_error_bounds_hold_for_the_real_gemm(kind):
     """Every approximate similarity the scan reads (the real GEMM's output as keys, valued as the
     kernel values them) lies within the bound of the exact one, and the bound is tight enough to prune."""
     from qcg_gpu.kernels import prefilter_cpu
-    from qcg_gpu.retrieval.numpy_backend import Bf16Prefilter, Int8Prefilter
+    from qcg_gpu.retrieval.numpy_backend import PREFILTERS
 
     rng = np.random.default_rng(11)
     for dim in (16, 384):
@@ -243,7 +243,7 @@ def test_prefilter_error_bounds_hold_for_the_real_gemm(kind):
         q = unit_rows(rng, 300, dim, around=x[:300])
         x[7] *= 0  # a zero node and a zero query: scales stay finite, the bound still holds
         q[5] *= 0
-        prefilter = {"bf16": Bf16Prefilter, "int8": Int8Prefilter}[kind](nodes_only(x))
+        prefilter = PREFILTERS[kind](nodes_only(x))
         prefilter.cols = len(x)
         tile, bound, unit = prefilter.round_tile(q)
         keys = prefilter.keys(tile, 0, prefilter.output(len(q)))

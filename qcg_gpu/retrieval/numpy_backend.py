@@ -37,7 +37,7 @@ class NumpyBackend:
         self._buffer: np.ndarray | None = None  # float32 similarity tile, reused: no page faults per tile
         self._gemm = float32_gemm(index.node_embeddings)
         self.graph = compact_graph(index)
-        kind = {"bf16": Bf16Prefilter, "int8": Int8Prefilter}.get(prefilter or "") if index.n_nodes else None
+        kind = PREFILTERS[prefilter] if prefilter and index.n_nodes else None
         self.prefilter = kind(index, self.graph) if kind else None
         self.fallback_rows = 0  # queries whose near-ties overflowed the prefilter's candidates (float32 path instead)
 
@@ -264,3 +264,6 @@ class Int8Prefilter(Prefilter):
 
     def gemm(self, tile_int8, block, out):
         return self.torch._int_mm(tile_int8, block, out=out)
+
+
+PREFILTERS = {"bf16": Bf16Prefilter, "int8": Int8Prefilter}  # --prefilter's precisions (search.prefilter_kind)
