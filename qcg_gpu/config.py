@@ -328,17 +328,25 @@ class IndexConfig:
     def from_dict(cls, settings: dict) -> IndexConfig:
         """The settings an index was built with (its manifest's ``settings``); unknown keys are ignored."""
         config = cls()
+        for name, values in cls.stored_values(settings, results_only=False).items():
+            for key, value in values.items():
+                setattr(getattr(config, name), key, value)
+        return config
+
+    @classmethod
+    def stored_values(cls, settings: dict, results_only: bool = True) -> dict[str, dict]:
+        """{section: {field: value}} of recorded ``settings`` (a manifest's, a stored generation's), known
+        fields only, with what an option added later stood for before it existed; ``results_only``: only
+        the fields that change results (how a run ran, such as this machine's cache path, stays the caller's)."""
+        values: dict[str, dict] = {}
         for name in cls.SECTIONS:
-            section = getattr(config, name)
-            known = {f.name for f in dataclasses.fields(section)}
-            stored = settings.get(name)
-            for key, value in (stored or {}).items():
-                if key in known:
-                    setattr(section, key, value)
+            stored, section = settings.get(name), getattr(cls(), name)
+            known = result_fields(section) if results_only else [f.name for f in dataclasses.fields(section)]
+            values[name] = {key: value for key, value in (stored or {}).items() if key in known}
             for key, value in BEFORE_OPTION.get(name, {}).items():
                 if stored is not None and key not in stored:  # recorded before the option existed
-                    setattr(section, key, value)
-        return config
+                    values[name][key] = value
+        return values
 
 
 PRESETS = {  # the paper's per-dataset retrieval settings (k, the kNN degree, is fixed when the index is built)
@@ -561,7 +569,7 @@ class RayConfig:
 # One TOML (or YAML) file with a table per section, the same fields as the CLI options:
 #   [generation]
 #   model = "qwen2.5-coder-1.5b"
-# `qcg --config FILE ...` reads it (options given on the command line win); `qcg init` writes one.
+# `qcg --config FILE ...` reads it (cli.options.resolve gives the order); `qcg init` writes one.
 
 CONFIG_SECTIONS = {
     "chunking": ChunkingConfig,
@@ -629,7 +637,11 @@ def _fits(value, annotation: str) -> bool:
 
 def config_file_text() -> str:
     """A config file (TOML) with every option at its default and its help as a comment."""
-    lines = ["# qcg-gpu settings: qcg --config qcg.toml ... (options given on the command line win)."]
+    lines = [
+        "# qcg-gpu settings: qcg --config qcg.toml ...",
+        "# They override the defaults; a --preset or a stored generation's settings (--replies-in, an index's own for",
+        "# qcg index add) override them, and options given on the command line override everything.",
+    ]
     for name, section in CONFIG_SECTIONS.items():
         lines += ["", f"[{name}]"]
         for f in dataclasses.fields(section):

@@ -89,10 +89,11 @@ methods = "naive,qcg"
 
 
 @pytest.mark.parametrize("suffix", [".toml", ".yaml"])
-def test_a_config_file_sets_defaults_and_the_command_line_wins(tmp_path, suffix):
+def test_a_config_file_overrides_defaults_and_the_command_line_wins(tmp_path, suffix):
     from qcg_gpu.cli import parse_arguments
     from qcg_gpu.cli.index import index_config
-    from qcg_gpu.cli.options import retrieval_config
+    from qcg_gpu.cli.options import resolve, retrieval_config
+    from qcg_gpu.config import EvalConfig, GenerationConfig
 
     path = tmp_path / f"qcg{suffix}"
     if suffix == ".toml":
@@ -112,7 +113,84 @@ def test_a_config_file_sets_defaults_and_the_command_line_wins(tmp_path, suffix)
     args = parse_arguments(
         ["eval", "--dataset", "lihuaworld", "--data", "d", "--index", "i", "--out", "o", "--config", str(path)]
     )
-    assert args.methods == "naive,qcg" and args.model == "qwen2.5-coder-1.5b"  # the answering LLM's options too
+    evaluation, llm = resolve(EvalConfig(), args), resolve(GenerationConfig(), args)
+    assert evaluation.methods == "naive,qcg" and llm.model == "qwen2.5-coder-1.5b"  # the answering LLM's options too
+
+
+def test_a_preset_overrides_the_config_file_and_options_given_override_both(tmp_path):
+    """The one order: defaults < config file < --preset < options given (the issue's case: a file
+    written with gamma 1.5 no longer undoes --preset multihop-rag's gamma 1.0)."""
+    from qcg_gpu.cli import parse_arguments
+    from qcg_gpu.cli.options import retrieval_config
+
+    path = tmp_path / "qcg.toml"
+    path.write_text("[retrieval]\ngamma = 1.5\nn = 12\ntop_k = 7\n")
+    query = ["query", "idx", "--query", "x", "--config", str(path)]
+
+    def settings(*extra):
+        config = retrieval_config(parse_arguments([*query, *extra]))
+        return config.gamma, config.n, config.hops, config.top_k
+
+    assert settings() == (1.5, 12, 1, 7)  # the file over the defaults
+    assert settings("--preset", "multihop-rag") == (1.0, 15, 1, 5)  # the preset over the file
+    assert settings("--preset", "multihop-rag", "--n", "3") == (1.0, 3, 1, 5)  # an option given over both
+    evaluation = ["eval", "--dataset", "multihop-rag", "--data", "d", "--index", "i", "--out", "o"]
+    args = parse_arguments([*evaluation, "--config", str(path)])
+    args.preset = "multihop-rag"  # what qcg eval does for a dataset with a preset of its own
+    assert retrieval_config(args).gamma == 1.0
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["index", "build", "docs", "out"],
+        ["index", "build", "docs", "out", "--m", "5", "--prompt", "quoted"],
+        ["query", "idx", "--query", "x", "--preset", "multihop-rag"],
+        ["query", "idx", "--query", "x", "--gamma", "1.1"],
+        ["answer", "idx", "--query", "x", "--preset", "lihuaworld", "--model", "qwen2.5-coder-1.5b"],
+        ["eval", "--dataset", "jsonl", "--data", "d", "--index", "i", "--out", "o", "--no-answers", "--ray"],
+        ["bench", "--parts", "retrieval", "--gamma", "1.0"],
+    ],
+)
+def test_a_file_written_by_init_changes_nothing_by_itself(tmp_path, command):
+    from qcg_gpu.cli import parse_arguments
+    from qcg_gpu.cli.options import SECTION_NAMES, resolve, retrieval_config
+
+    path = tmp_path / "qcg.toml"
+    assert main(["init", str(path)]) == 0
+
+    def every_setting(argv):
+        args = parse_arguments(argv)
+        settings = {name: resolve(cls(), args) for cls, name in SECTION_NAMES.items()}
+        if hasattr(args, "preset"):
+            settings["retrieval"] = retrieval_config(args)
+        return settings
+
+    assert every_setting([*command, "--config", str(path)]) == every_setting(command)
+
+
+def test_a_stored_generation_overrides_the_config_file(tmp_path):
+    """--replies-in restores the settings its replies were made with, over a config file's (and under options
+    given on the command line)."""
+    from qcg_gpu.cache import GenerationCache
+    from qcg_gpu.cli import parse_arguments
+    from qcg_gpu.cli.index import build_config
+    from qcg_gpu.config import IndexConfig
+
+    made_with = IndexConfig()
+    made_with.generation.m, made_with.generation.prompt, made_with.chunking.chunk_tokens = 6, "quoted", 512
+    replies = tmp_path / "replies.parquet"
+    cache = GenerationCache(tmp_path / "cache.sqlite")
+    cache.export_parquet([], replies, made_with.reply_settings())
+    cache.close()
+    path = tmp_path / "qcg.toml"
+    path.write_text('[generation]\nm = 9\nprompt = "basic"\ncache = "my.sqlite"\n[chunking]\nchunk_tokens = 300\n')
+    build = ["--config", str(path), "index", "build", "docs", "out", "--replies-in", str(replies)]
+    config = build_config(parse_arguments(build))
+    assert (config.generation.m, config.generation.prompt, config.chunking.chunk_tokens) == (6, "quoted", 512)
+    assert config.generation.cache == "my.sqlite"  # how to run is not recorded: the file's stays
+    config = build_config(parse_arguments([*build, "--m", "4"]))
+    assert (config.generation.m, config.generation.prompt) == (4, "quoted")
 
 
 @pytest.mark.parametrize(

@@ -21,10 +21,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..config import read_config_file
 from ..errors import QCGError
 from ..log import set_verbosity
 from . import bench, check, corpus, evaluate, index, init, models, query
-from .options import apply_config_file, pop_config_file
+from .options import pop_config_file
 
 SUBCOMMANDS = (index, query, evaluate, check, models, corpus, bench, init)
 
@@ -32,7 +33,9 @@ SUBCOMMANDS = (index, query, evaluate, check, models, corpus, bench, init)
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qcg", description="QCG-RAG batch engine")
     parser.add_argument(
-        "--config", help="a TOML/YAML file of settings (qcg init writes one); options given here win (any position)"
+        "--config",
+        help="a TOML/YAML file of settings (qcg init writes one; any position): it overrides the defaults, a "
+        "--preset or the settings of a stored generation override it, and options given here override all",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     for subcommand in SUBCOMMANDS:
@@ -54,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 def parse_arguments(argv: list[str]) -> argparse.Namespace:
     """The command line, over the settings of a --config file when one is given."""
     config_file, argv = pop_config_file(argv)
-    parser = build_parser()
-    if config_file:
-        apply_config_file(parser, config_file)
-    return parser.parse_args(index.current_spelling(argv))
+    settings = read_config_file(config_file) if config_file else {}  # a bad file is refused before any work
+    args = build_parser().parse_args(index.current_spelling(argv))
+    args.config_file_settings = settings  # below presets and options given: options.resolve
+    return args

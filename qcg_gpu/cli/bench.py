@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..bench import BenchConfig
 from ..config import RetrievalConfig
-from .options import add_options, fill
+from .options import add_options, resolve
 
 
 def add_parser(commands) -> None:
@@ -24,8 +24,8 @@ def run(args) -> int:
     from ..bench import format_table, write_json
     from ..bench import run as measure
 
-    config = fill(BenchConfig(), args).validate()
-    retrieval = fill(RetrievalConfig(), args)
+    config = resolve(BenchConfig(), args).validate()
+    retrieval = resolve(RetrievalConfig(), args)
     rows = []
     for row in measure(config, retrieval):
         rows.append(row)

@@ -17,8 +17,8 @@ from .options import (
     add_ray_options,
     add_retrieval_options,
     answering_llm,
-    fill,
     ray_cluster,
+    resolve,
     retrieval_config,
 )
 
@@ -65,11 +65,11 @@ def run(args) -> int:
     from ..evaluate import evidence_outside
     from ..retrieval import QCGIndex
 
-    config = fill(EvalConfig(), args).validate()  # refuse unknown names before loading anything
+    config = resolve(EvalConfig(), args).validate()  # refuse unknown names before loading anything
     if args.preset is None and args.dataset in PRESETS:
         args.preset = args.dataset
     retrieval = retrieval_config(args)
-    answer_config = fill(AnswerConfig(), args).validate()
+    answer_config = resolve(AnswerConfig(), args).validate()
     compare_paths = dict(_labelled(args.compare_index))
     evalset = load_dataset(args.dataset, args.data)
     evalset.questions = config.select(evalset.questions)

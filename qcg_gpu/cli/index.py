@@ -12,7 +12,7 @@ import os
 
 from ..config import IndexConfig
 from ..errors import QCGError
-from .options import add_options, add_output_options, add_ray_options, fill, ray_cluster
+from .options import add_options, add_output_options, add_ray_options, ray_cluster, ray_config, resolve
 
 ACTIONS = ("build", "add", "remove", "retry", "plan")
 INPUT_HELP = (
@@ -103,35 +103,39 @@ def add_parser(commands) -> None:
 def _add_build_options(parser, ray: bool = True) -> None:
     add_output_options(parser)
     defaults = IndexConfig()
-    for (
-        name
-    ) in IndexConfig.SECTIONS:  # unset options stay None: a stored generation's settings fill them (index_config)
-        add_options(parser, getattr(defaults, name), f"{name} options", unset_default=True)
+    for name in IndexConfig.SECTIONS:
+        add_options(parser, getattr(defaults, name), f"{name} options")
     if ray:
         add_ray_options(parser)
 
 
-def index_config(args, stored_generation: bool = False) -> IndexConfig:
-    """The options given; with ``stored_generation``, options not given take the settings a
-    --replies-in file was made with, so that ``qcg index build DOCS OUT --replies-in FILE`` rebuilds its index."""
+def index_config(args, stored: dict | None = None) -> IndexConfig:
+    """The build settings: defaults < config file < ``stored`` (the settings an index, or the stored
+    generation of --replies-in, was made with: only those that change results) < the options given."""
+    over = IndexConfig.stored_values(stored) if stored else {}
     config = IndexConfig()
-    if (
-        stored_generation and args.replies_in and os.path.isfile(args.replies_in)
-    ):  # a missing file is refused by validate()
+    for name in IndexConfig.SECTIONS:
+        resolve(getattr(config, name), args, over=over.get(name))
+    return config
+
+
+def build_config(args) -> IndexConfig:
+    """:func:`index_config` over the settings of the --replies-in file (if any), so that
+    ``qcg index build DOCS OUT --replies-in FILE`` rebuilds the index that file was made for."""
+    replies_in = index_config(args).generation.replies_in
+    if replies_in and os.path.isfile(replies_in):  # a missing file is refused by validate()
         from ..cache import stored_settings
 
-        config = IndexConfig.from_dict(stored_settings(args.replies_in) or {})
-    for name in IndexConfig.SECTIONS:
-        fill(getattr(config, name), args)
-    return config
+        return index_config(args, stored_settings(replies_in))
+    return index_config(args)
 
 
 def run_build(args) -> int:
     from ..pipeline import build_index
     from ..stages import check_cluster_graph
 
-    config = index_config(args, stored_generation=True).validate()  # refuse bad settings before starting a cluster
-    if args.ray:
+    config = build_config(args).validate()  # refuse bad settings before starting a cluster
+    if ray_config(args).ray:
         check_cluster_graph(config)
     summary = build_index(args.input, args.out, config, overwrite=args.overwrite, cluster=ray_cluster(args))
     print(summary.format())
@@ -142,8 +146,9 @@ def run_add(args) -> int:
     from ..incremental import add_documents, index_settings
     from ..index_format import read_manifest
 
-    options = index_config(args)
-    index_settings(read_manifest(args.out), options)  # refuse other settings before a cluster starts
+    manifest = read_manifest(args.out)
+    options = index_config(args, manifest["settings"])
+    index_settings(manifest, options)  # refuse other settings before a cluster starts
     summary = add_documents(args.out, args.input, options, cluster=ray_cluster(args))
     print(summary.format().replace("index written to", "documents added to", 1))
     return 0
@@ -153,8 +158,9 @@ def run_retry(args) -> int:
     from ..incremental import index_settings, retry_failed
     from ..index_format import read_manifest
 
-    options = index_config(args)
-    index_settings(read_manifest(args.out), options)  # refuse other settings before a cluster starts
+    manifest = read_manifest(args.out)
+    options = index_config(args, manifest["settings"])
+    index_settings(manifest, options)  # refuse other settings before a cluster starts
     summary = retry_failed(args.out, options, cluster=ray_cluster(args))
     print(summary.format().replace("index written to", f"{summary.documents} documents regenerated in", 1))
     return 0
@@ -171,13 +177,15 @@ def run_remove(args) -> int:
 def run_plan(args) -> int:
     from ..forecast import forecast
 
-    config = index_config(args, stored_generation=not args.add)
     if args.add:
         if not args.out:
             raise QCGError("qcg index plan --add needs the index to add to: qcg index plan INPUT INDEX --add")
         from ..incremental import index_settings
         from ..index_format import read_manifest
 
-        config = index_settings(read_manifest(args.out), config)
+        manifest = read_manifest(args.out)
+        config = index_settings(manifest, index_config(args, manifest["settings"]))
+    else:
+        config = build_config(args)
     print(forecast(args.input, config).format())
     return 0

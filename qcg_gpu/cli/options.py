@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 import typing
 
-from ..config import PRESETS, GenerationConfig, RayConfig, RetrievalConfig, read_config_file
+from ..config import CONFIG_SECTIONS, PRESETS, GenerationConfig, RayConfig, RetrievalConfig
 from ..errors import QCGError
 from ..models import DEFAULT_LLM, resolve_model
 
@@ -34,13 +34,13 @@ LLM_OPTIONS = (
     "engine_args",
 )
 RETRIEVAL_PREFIX = "retrieval_"
+SECTION_NAMES = {cls: name for name, cls in CONFIG_SECTIONS.items()}  # a config file's table per dataclass
 NO_VERIFY_HELP = "skip checking the index files against their checksums when loading (saves a few seconds per GB)"
 
 
-def add_options(parser, section, title: str, only=None, prefix: str = "", unset_default: bool = False) -> None:
-    """One option per dataclass field; ``prefix`` keeps the dests of same-named fields apart;
-    ``unset_default`` leaves options that were not given at None (so a preset or a stored
-    generation can fill them)."""
+def add_options(parser, section, title: str, only=None, prefix: str = "") -> None:
+    """One option per dataclass field; ``prefix`` keeps the dests of same-named fields apart. An option
+    not given stays None, so :func:`resolve` can tell it from a default, a config file or a preset."""
     group = parser.add_argument_group(title)
     hints = typing.get_type_hints(type(section))
     for f in dataclasses.fields(section):
@@ -48,13 +48,14 @@ def add_options(parser, section, title: str, only=None, prefix: str = "", unset_
             continue
         flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
         kind = hints[f.name]
+        default_help = f" (default: {f.default})" if f.default is not None else ""
         if kind is bool or set(typing.get_args(kind)) == {bool, type(None)}:  # bool, bool | None
             group.add_argument(
                 flag,
                 dest=prefix + f.name,
                 action=argparse.BooleanOptionalAction,
-                default=None if unset_default else f.default,
-                help=f.metadata["help"],
+                default=None,
+                help=f.metadata["help"] + default_help,
             )
             continue
         base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)  # X | None -> X
@@ -63,18 +64,35 @@ def add_options(parser, section, title: str, only=None, prefix: str = "", unset_
             dest=prefix + f.name,
             metavar=None if f.metadata.get("choices") else f.name.upper(),
             type=base,
-            default=None if unset_default else f.default,
+            default=None,
             choices=f.metadata.get("choices"),
-            help=f.metadata["help"] + (f" (default: {f.default})" if f.default is not None else ""),
+            help=f.metadata["help"] + default_help,
         )
 
 
-def fill(section, args: argparse.Namespace, prefix: str = ""):
-    """``section`` with the options given in ``args`` (None: not given, the section's value stays)."""
+def resolve(section, args: argparse.Namespace, prefix: str = "", over: dict | None = None):
+    """``section`` (a config dataclass at its defaults) with its settings in the one order they take,
+    each layer overriding the one before:
+
+    1. the defaults (config.py);
+    2. the ``--config`` file's table for this section;
+    3. ``over``: a ``--preset``, or the settings a stored generation or the index itself was made with;
+    4. the options given on the command line.
+
+    So a file written by ``qcg init`` (every default) changes nothing by itself, and a preset or a
+    stored generation is never undone by a file."""
+    from_file = args_config_file(args).get(SECTION_NAMES.get(type(section), ""), {})
+    for key, value in {**from_file, **(over or {})}.items():
+        setattr(section, key, value)
     for f in dataclasses.fields(section):
         if getattr(args, prefix + f.name, None) is not None:
             setattr(section, f.name, getattr(args, prefix + f.name))
     return section
+
+
+def args_config_file(args: argparse.Namespace) -> dict[str, dict]:
+    """The settings of the ``--config`` file the command line named ({} without one)."""
+    return getattr(args, "config_file_settings", None) or {}
 
 
 def pop_config_file(argv: list[str]) -> tuple[str | None, list[str]]:
@@ -89,27 +107,6 @@ def pop_config_file(argv: list[str]) -> tuple[str | None, list[str]]:
     return None, argv
 
 
-def apply_config_file(parser: argparse.ArgumentParser, path: str) -> None:
-    """The file's settings become the defaults of every (sub)command that has their option, so an
-    option given on the command line still wins."""
-    defaults = {
-        (RETRIEVAL_PREFIX if section == "retrieval" else "") + key: value
-        for section, values in read_config_file(path).items()
-        for key, value in values.items()
-    }
-    for sub in _all_parsers(parser):
-        dests = {action.dest for action in sub._actions}
-        sub.set_defaults(**{dest: value for dest, value in defaults.items() if dest in dests})
-
-
-def _all_parsers(parser: argparse.ArgumentParser):
-    yield parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
-                yield from _all_parsers(sub)
-
-
 def add_output_options(parser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bars or stage messages")
     parser.add_argument("--verbose", action="store_true", help="also show the LLM engine's own log (vLLM's INFO lines)")
@@ -117,24 +114,26 @@ def add_output_options(parser) -> None:
 
 def add_retrieval_options(parser, preset_help: str) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), help=preset_help)
-    add_options(parser, RetrievalConfig(), "retrieval options", prefix=RETRIEVAL_PREFIX, unset_default=True)
+    add_options(parser, RetrievalConfig(), "retrieval options", prefix=RETRIEVAL_PREFIX)
 
 
 def retrieval_config(args) -> RetrievalConfig:
-    """The preset's settings, then the retrieval options given."""
-    config = RetrievalConfig()
-    for key, value in PRESETS.get(args.preset, {}).items() if args.preset else ():
-        setattr(config, key, value)
-    return fill(config, args, RETRIEVAL_PREFIX).validate()
+    """Defaults < config file < --preset < the retrieval options given."""
+    preset = PRESETS[args.preset] if args.preset else None
+    return resolve(RetrievalConfig(), args, RETRIEVAL_PREFIX, over=preset).validate()
 
 
 def add_ray_options(parser) -> None:
     add_options(parser, RayConfig(), "Ray options (scale-out)")
 
 
+def ray_config(args) -> RayConfig:
+    return resolve(RayConfig(), args).validate()
+
+
 def ray_cluster(args):
     """The Ray cluster of --ray (connected, or started locally), else None."""
-    ray = fill(RayConfig(), args).validate()
+    ray = ray_config(args)
     if not ray.ray:
         return None
     from ..distributed import RayCluster
@@ -152,7 +151,7 @@ def answering_llm(args, cluster=None, model: str | None = None, store=None):
     from ..cache import CachedLLM
     from ..llm import make_backend
 
-    generation = fill(GenerationConfig(), args)
+    generation = resolve(GenerationConfig(), args)
     generation.model = model or generation.model
     if generation.backend == "openai" and (not generation.base_url or not generation.model):
         raise QCGError("--backend openai needs --base-url and --model")

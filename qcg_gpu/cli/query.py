@@ -18,8 +18,9 @@ from .options import (
     add_ray_options,
     add_retrieval_options,
     answering_llm,
-    fill,
     ray_cluster,
+    ray_config,
+    resolve,
     retrieval_config,
 )
 
@@ -83,7 +84,7 @@ def run(args) -> int:
     from ..retrieval import QCGIndex, check_queries, search
 
     config = retrieval_config(args)
-    if args.ray and not args.answers and args.method != "qcg":
+    if ray_config(args).ray and not args.answers and args.method != "qcg":
         raise QCGError(f"--ray runs QCG retrieval and answering; --method {args.method} retrieves in this process")
     if args.format != "jsonl" and args.trace:
         raise QCGError(f"--trace needs --format jsonl (a {args.format} run has no room for it)")
@@ -108,7 +109,7 @@ def run(args) -> int:
         index, ids, texts, result, config, vectors if args.trace and args.method == "qcg" else None
     )
     if args.answers:
-        query.add_answers(records, texts or [], index, llm, fill(AnswerConfig(), args).validate())
+        query.add_answers(records, texts or [], index, llm, resolve(AnswerConfig(), args).validate())
     with open(args.out, "w") if args.out else nullcontext(sys.stdout) as out:
         if args.format == "jsonl":
             out.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
