@@ -14,9 +14,13 @@ rounding, see ``qcg_gpu.retrieval.bounds``). Seeds stay exact with two passes:
    on with that query's expansion and chunk ranking while its seeds' rows are in cache.
 
 A query whose candidates overflow the buffer (thousands of near-ties) is flagged; the caller
-selects its seeds with the float32 path instead.
+selects its seeds with ``rescore_all_and_rank``, the same float64 rescoring over every node. So every
+precision, and the fallback, ranks seeds by the same numbers: float64 dot products of the stored
+float32 vectors, summed in one order (``_dot64``), their float32 rounding returned as similarities.
 
-The scan compares integer *keys* that order like the approximations, one type per precision:
+The scan compares *keys* that order like the approximations, one type per precision:
+- a float32 GEMM's values are their own keys (the float32 "prefilter": its bound is the float32
+  rounding, ~d 2^-24, so few candidates pass, and its seeds rank by the same float64 numbers);
 - bf16 values arrive as their int16 bit patterns (numba has no bf16 type); ``sortable`` maps them
   to integers that order like the values, and ``VALUES[key + 32768]`` is the value of a key;
 - an int8 GEMM gives exact int32 dot products of the quantised vectors; the value of a key is
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from numba import types
 from numba.extending import overload
 
 from .expand_cpu import new_scratch, rank_query
@@ -72,13 +77,15 @@ def key_floor(floor, unit, values, key):
 
 @overload(key_of, inline="always")
 def _key_of(raw):
-    if raw.bitwidth == 16:
+    if isinstance(raw, types.Integer) and raw.bitwidth == 16:
         return lambda raw: sortable(raw)
     return lambda raw: raw
 
 
 @overload(key_value, inline="always")
 def _key_value(key, unit, values):
+    if isinstance(key, types.Float):
+        return lambda key, unit, values: key
     if key.bitwidth == 16:
         return lambda key, unit, values: values[np.int32(key) + 32768]
     return lambda key, unit, values: np.float32(key) * unit
@@ -86,6 +93,8 @@ def _key_value(key, unit, values):
 
 @overload(key_floor, inline="always")
 def _key_floor(floor, unit, values, key):
+    if isinstance(key, types.Float):  # a float32 GEMM's output is its own key: just below the floor
+        return lambda floor, unit, values, key: np.float32(floor) - np.float32(1e-6)
     if key.bitwidth == 16:
         return lambda floor, unit, values, key: np.int16(np.searchsorted(values, floor) - 32768 - 1)
 
@@ -173,28 +182,40 @@ def _prefetch_candidates(nodes, cand_ids, cand_vals, count, floor):
 
 
 @numba.njit(inline="always")
+def _dot64(q, nodes, u):
+    """The exact similarity every path ranks seeds by: the float64 dot product of a query (float64)
+    and node ``u`` (float32), in this one summation order."""
+    v = 0.0
+    for d in range(nodes.shape[1]):
+        v += q[d] * np.float64(nodes[u, d])
+    return v
+
+
+@numba.njit(inline="always")
+def _insert_seed(v, u, ids_out, sims_out):
+    """Node ``u`` of similarity ``v`` into the best-first seeds (ties by lower id), if it ranks."""
+    n = len(ids_out)
+    pos = n
+    while pos > 0 and (v > sims_out[pos - 1] or (v == sims_out[pos - 1] and u < ids_out[pos - 1])):
+        pos -= 1
+    if pos < n:
+        for j in range(n - 1, pos, -1):
+            sims_out[j], ids_out[j] = sims_out[j - 1], ids_out[j - 1]
+        sims_out[pos], ids_out[pos] = v, u
+
+
+@numba.njit(inline="always")
 def _rescore_query(query, nodes, threshold, floor, cand_ids, cand_vals, count, ids_out, sims_out):
     """The exact seeds of one query: its best candidates with sim >= threshold, ties by lower id,
     into ``ids_out``/``sims_out`` (n = their length; -1/-inf filled). Ranked in float64, where
     float32 rounding makes no ties."""
-    n = len(ids_out)
     q = query.astype(np.float64)
     for i in range(count):
         if cand_vals[i] < floor:
             continue
-        u = cand_ids[i]
-        v = 0.0
-        for d in range(nodes.shape[1]):
-            v += q[d] * np.float64(nodes[u, d])
-        if v < threshold:
-            continue
-        pos = n
-        while pos > 0 and (v > sims_out[pos - 1] or (v == sims_out[pos - 1] and u < ids_out[pos - 1])):
-            pos -= 1
-        if pos < n:
-            for j in range(n - 1, pos, -1):
-                sims_out[j], ids_out[j] = sims_out[j - 1], ids_out[j - 1]
-            sims_out[pos], ids_out[pos] = v, u
+        v = _dot64(q, nodes, cand_ids[i])
+        if v >= threshold:
+            _insert_seed(v, cand_ids[i], ids_out, sims_out)
 
 
 # reassoc vectorises the dot products (float64 ones change by ~1e-16, far below float32; float32 ones
@@ -245,6 +266,40 @@ def rescore_and_rank(
             _rescore_query(
                 queries[r], nodes, threshold, floors[r], cand_ids[r], cand_vals[r], counts[r], seed_ids[r], seed_sims[r]
             )
+            out_selected[r] = rank_query(
+                np.int32(r + 1),
+                seed_ids[r],
+                queries[r],
+                indptr,
+                indices,
+                nodes,
+                node_chunk,
+                hops,
+                scratch,
+                out_chunks[r],
+                out_scores[r],
+            )
+    return seed_ids, seed_sims.astype(np.float32), out_chunks, out_scores, out_selected
+
+
+@numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
+def rescore_all_and_rank(queries, nodes, threshold, n, indptr, indices, node_chunk, n_chunks, hops, top_k, n_threads):
+    """``rescore_and_rank`` with every node a candidate: the rows whose near-ties overflowed the
+    candidate buffer, ranked by the same float64 numbers (no (rows, N) similarity matrix)."""
+    rows = queries.shape[0]
+    seed_ids = np.full((rows, n), -1, dtype=np.int64)
+    seed_sims = np.full((rows, n), -np.inf, dtype=np.float64)
+    out_chunks = np.full((rows, top_k), -1, dtype=np.int64)
+    out_scores = np.full((rows, top_k), -np.inf, dtype=np.float32)
+    out_selected = np.zeros(rows, dtype=np.int64)
+    for t in numba.prange(n_threads):
+        scratch = new_scratch(nodes.shape[0], n_chunks)
+        for r in range(t, rows, n_threads):
+            q = queries[r].astype(np.float64)
+            for u in range(nodes.shape[0]):
+                v = _dot64(q, nodes, u)
+                if v >= threshold:
+                    _insert_seed(v, u, seed_ids[r], seed_sims[r])
             out_selected[r] = rank_query(
                 np.int32(r + 1),
                 seed_ids[r],

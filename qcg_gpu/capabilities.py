@@ -7,6 +7,7 @@ it lazily and fails with a one-line install hint.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.util
@@ -53,6 +54,26 @@ def with_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+@contextlib.contextmanager
+def ieee_float32_matmul():
+    """float32 matrix products in full float32 inside this block, whatever the host process allowed:
+    TF32 on CUDA (``torch.backends.cuda.matmul.allow_tf32``, ``set_float32_matmul_precision("high")``)
+    or bf16 in oneDNN on CPU round inputs to 10 or 7 mantissa bits, far outside the float32 bounds that
+    exact seeds and kNN candidates rely on. Set through torch's per-backend API (reading the legacy
+    flags after it raises), restored on exit."""
+    import torch
+
+    settings = [torch.backends.cuda.matmul, torch.backends.mkldnn.matmul]
+    saved = [s.fp32_precision for s in settings]
+    for s in settings:
+        s.fp32_precision = "ieee"
+    try:
+        yield
+    finally:
+        for s, value in zip(settings, saved):
+            s.fp32_precision = value
 
 
 @functools.cache

@@ -376,9 +376,10 @@ class RetrievalConfig:
     )
     prefilter: str = option(
         "auto",
-        "Low-precision similarity GEMM as a prefilter with exact rescoring of the candidates (same seeds, "
-        "several times faster): bf16 (GPUs, CPUs with AMX) or int8 (CPU backend; x86 CPUs, fastest with "
-        "VNNI); auto = bf16 on GPUs from Ampere on and AMX CPUs, int8 on other x86 CPUs, else off.",
+        "Precision of the similarity GEMM, a prefilter whose candidates are rescored in float64 (the same seeds "
+        "and similarities in every precision): off = IEEE float32, bf16 (GPUs, CPUs with AMX) or int8 (CPU "
+        "backend; x86 CPUs, fastest with VNNI), several times faster; auto = bf16 on GPUs from Ampere on and AMX "
+        "CPUs, int8 on other x86 CPUs, else off.",
         ("auto", "bf16", "int8", "off"),
         runtime=True,
     )

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .capabilities import WITH_FAISS, default_device, faiss_gpus, require
+from .capabilities import WITH_FAISS, default_device, faiss_gpus, ieee_float32_matmul, require
 from .errors import QCGError
 from .log import progress_bar
 
@@ -201,7 +201,7 @@ def torch_candidates(queries: np.ndarray, base: np.ndarray, width: int, device: 
     )
     rows = max(1, min(4096, SIMILARITY_TILE_ELEMENTS // max(len(base), 1)))
     out = []
-    with torch.inference_mode():
+    with torch.inference_mode(), ieee_float32_matmul():  # TF32 would blur the candidates the exact ranking gets
         for start in progress_bar(range(0, len(q), rows), desc="kNN search", unit="tile", disable=len(q) <= rows):
             sims = q[start : start + rows] @ x.T
             out.append(sims.topk(width, dim=1).indices.cpu())

@@ -140,7 +140,7 @@ def test_tiny_indexes(backend):
         assert result.n_selected[0] == n_nodes
 
 
-PREFILTERS = [p for p in BACKENDS if p.values[0].get("prefilter") in ("bf16", "int8")]
+PREFILTERS = BACKENDS  # every precision is a prefilter, float32 ("off") included
 TORCH_BACKENDS = [p for p in BACKENDS if p.values[0]["backend"] == "torch"]
 
 
@@ -176,8 +176,8 @@ def test_prefilter_over_several_tiles_matches_reference(backend):
 
 @pytest.mark.parametrize("backend", PREFILTERS)
 def test_prefilter_falls_back_on_rows_of_near_ties(backend):
-    # 3000 copies of one vector overflow the candidate buffer of a query near them: that row takes
-    # the float32 path (ties by lower id), the other rows stay on the prefilter
+    # 3000 copies of one vector overflow the candidate buffer of a query near them: that row is rescored
+    # over every node (ties by lower id), the other rows stay on the prefilter
     rng = np.random.default_rng(5)
     x = np.vstack([np.tile(rng.standard_normal(16), (3000, 1)), rng.standard_normal((500, 16))])
     x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
@@ -191,21 +191,25 @@ def test_prefilter_falls_back_on_rows_of_near_ties(backend):
     result = retriever.search(queries)
     assert retriever.backend.fallback_rows == 1
     assert result.seed_ids[0].tolist() == list(range(12))
-    exact = Retriever(index, RetrievalConfig(**{**vars(config), "prefilter": "off"})).search(queries)
-    for field in ("seed_ids", "chunk_ids", "scores", "n_selected"):
-        np.testing.assert_array_equal(getattr(result, field), getattr(exact, field))
+    # the same numbers as every other path: the numpy bf16 prefilter's, whose row 0 has no fallback
+    other = RetrievalConfig(**{**vars(config), "backend": "numpy", "prefilter": "bf16"})
+    exact = Retriever(index, other).search(queries)
+    for field in ("seed_ids", "seed_sims", "chunk_ids", "n_selected"):
+        np.testing.assert_array_equal(getattr(result, field), getattr(exact, field), err_msg=field)
+    # chunk means average float32 dot products, summed in each backend's own order: the last bits differ
+    np.testing.assert_allclose(result.scores, exact.scores, rtol=0, atol=1e-6)
 
 
-EXACT_PREFILTERS = [{"backend": "torch", "device": d, "prefilter": "bf16"} for d in DEVICES]
-EXACT_PREFILTERS += [{"backend": "numpy", "prefilter": "int8"}]
+EXACT_PREFILTERS = [{"backend": "torch", "device": d, "prefilter": p} for d in DEVICES for p in ("off", "bf16")]
+EXACT_PREFILTERS += [{"backend": "numpy", "prefilter": p} for p in ("off", "int8")]
 
 
 @pytest.mark.skipif(not WITH_TORCH, reason="the prefilters run their GEMM in torch")
 @pytest.mark.parametrize("other", EXACT_PREFILTERS, ids=lambda o: "-".join(o.values()))
 def test_prefilters_rescore_exactly_on_every_backend(other):
-    # Each bound covers the exact similarity, so every prefilter rescores its candidates in float64:
-    # a float32 rescoring (off by up to d 2^-24 |q||u|) would fall outside it, and its values differ
-    # from the numpy bf16 prefilter's in the last bits. So all prefilters give the same seeds and sims.
+    # Each bound covers the exact similarity, so every precision, float32 included, rescores its
+    # candidates in float64: a float32 value is off by up to d 2^-24 |q||u| and differs from the numpy
+    # bf16 prefilter's in the last bits. So every path gives the same seeds and sims.
     index = random_index(3, 3000, 384, 2, n_chunks=300)
     queries = queries_for(index, 3, 200)
     config = RetrievalConfig(gamma=1.0, n=10, hops=1, top_k=5, backend="numpy", prefilter="bf16")
@@ -218,6 +222,57 @@ def test_prefilters_rescore_exactly_on_every_backend(other):
     seeds = numpy_result.seed_ids >= 0
     rows = np.nonzero(seeds)[0]
     np.testing.assert_array_equal(other_result.seed_sims[seeds], exact[rows, numpy_result.seed_ids[seeds]])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_seeds_at_near_ties_of_the_threshold_rank_by_the_exact_similarity(backend):
+    """Nodes whose similarity to the query lies within float32 rounding of the threshold (and of each
+    other): the seeds are those whose float64 similarity passes, ranked by it, with its float32 rounding
+    as seed_sims, on every backend and precision (a float32 GEMM alone gets these wrong)."""
+    rng = np.random.default_rng(9)
+    dim, threshold = 384, 0.5
+    query = unit_rows(rng, 1, dim)[0].astype(np.float64)
+    others = unit_rows(rng, 64, dim).astype(np.float64)
+    others -= np.outer(others @ query, query)  # orthogonal to the query
+    others /= np.linalg.norm(others, axis=1, keepdims=True)
+    target = threshold + np.linspace(-4e-7, 4e-7, 64)  # float32 steps near 0.5 are 6e-8: ~13 values a step
+    nodes = (target[:, None] * query + np.sqrt(1 - target[:, None] ** 2) * others).astype(np.float32)
+    nodes = np.vstack([nodes, unit_rows(rng, 500, dim)])
+    graph = knn_graph(nodes, 2, "torch", "cpu")
+    index = QCGIndex(None, {}, nodes, graph.indptr, graph.indices, np.arange(len(nodes)) // 8, (len(nodes) + 7) // 8)
+    queries = query[None, :].astype(np.float32)
+    exact = queries.astype(np.float64) @ nodes.T.astype(np.float64)
+    config = RetrievalConfig(gamma=1 + threshold, n=20, hops=1, top_k=5, **backend)
+    result = Retriever(index, config).search(queries)
+    passing = np.flatnonzero(exact[0] >= np.float32(threshold))
+    want = passing[np.lexsort((passing, -exact[0, passing]))][:20]
+    assert 5 < len(want) <= 20 and len(passing) < 64  # the threshold cuts through the near-ties
+    assert result.seed_ids[0, : len(want)].tolist() == want.tolist()
+    assert (result.seed_ids[0, len(want) :] == -1).all()
+    np.testing.assert_array_equal(result.seed_sims[0, : len(want)], exact[0, want].astype(np.float32))
+
+
+@pytest.mark.skipif(not WITH_TORCH, reason="the precision flags are torch's")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tf32_allowed_by_the_host_process_changes_nothing(backend):
+    """A host that allows TF32 (CUDA) or reduced-precision float32 GEMMs (oneDNN on CPU) for its own work:
+    the exact paths set IEEE float32 for their GEMMs, so seeds and sims stay those of every other path."""
+    import torch
+
+    index = random_index(4, 3000, 384, 2, n_chunks=300)
+    queries = queries_for(index, 4, 100)
+    config = RetrievalConfig(gamma=1.0, n=10, hops=1, top_k=5, **backend)
+    reference = Retriever(index, RetrievalConfig(**{**vars(config), "backend": "numpy", "prefilter": "bf16"}))
+    expected = reference.search(queries)
+    saved = torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision
+    torch.backends.cuda.matmul.fp32_precision = torch.backends.mkldnn.matmul.fp32_precision = "tf32"
+    try:
+        result = Retriever(index, config).search(queries)
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32"  # the host's setting is given back
+    finally:
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision = saved
+    for field in ("seed_ids", "seed_sims", "chunk_ids"):
+        np.testing.assert_array_equal(getattr(result, field), getattr(expected, field), err_msg=field)
 
 
 def unit_rows(rng, rows: int, dim: int, around=None) -> np.ndarray:

@@ -1,7 +1,8 @@
 """The error bounds that make a low-precision similarity GEMM a safe prefilter: every node whose
-approximate similarity is within the bound of a seed's is rescored exactly, so the seeds are the
-float32 path's.
+approximate similarity is within the bound of a seed's is rescored exactly (float64), so the seeds
+do not depend on the precision.
 
+- float32 (the "off" setting): products summed in float32, rounded inputs none.
 - bf16 (numpy backend on AMX CPUs, torch backend on GPUs): vectors rounded to bf16, products
   summed in float32, the output rounded to bf16.
 - int8 (numpy backend on x86 CPUs without AMX): each query row scaled by its own
@@ -47,6 +48,13 @@ def bf16_error_bound(queries, rounded, node_norm: float, node_residual: float):
         node_residual,
         bf16_roundoff(queries.shape[1]),
     )
+
+
+def float32_roundoff(dim: int) -> float:
+    """Relative error of a float32 GEMM's output, |fl(q.u) - q.u| <= gamma_d |q| |u| for ``dim``
+    products summed in float32 (any order, FMA or not): gamma_d = d u / (1 - d u), u = 2^-24."""
+    unit = dim * 2.0**-24
+    return unit / (1 - unit)
 
 
 def bf16_roundoff(dim: int) -> float:

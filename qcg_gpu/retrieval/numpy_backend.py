@@ -1,8 +1,10 @@
-"""CPU retrieval: a BLAS GEMM per query tile, then the numba kernels of ``kernels/`` (fused
-threshold/top-n seed selection; fused expansion + gather-dot + chunk mean + top-K). On CPUs with
-AMX the GEMM runs in bf16 as a prefilter, on other x86 CPUs in int8 (``bounds.py``), and the
-candidates it keeps are rescored exactly; rows with too many near-ties take the float32 path, so
-the seeds are always the float32 path's."""
+"""CPU retrieval: a similarity GEMM per query tile, then the numba kernels of ``kernels/``.
+
+Every precision is a prefilter (``kernels/prefilter_cpu.py``): the GEMM, in float32, bf16 (CPUs with
+AMX) or int8 (other x86 CPUs), keeps each query's candidates within its proven error bound
+(``bounds.py``) of the threshold and of the n-th best, and the candidates are rescored as float64 dot
+products, then expanded and ranked in one fused pass. Rows with thousands of near-ties are rescored
+over every node. So the seeds and their similarities are the same whatever the precision."""
 
 from __future__ import annotations
 
@@ -11,104 +13,67 @@ from typing import Any
 
 import numpy as np
 
-from ..capabilities import WITH_TORCH, require
+from ..capabilities import WITH_TORCH, ieee_float32_matmul, require
 from ..config import RetrievalConfig
 from .bounds import (
     INT8_OUTPUT_ROUNDOFF,
     bf16_rounding,
     bf16_roundoff,
     bound_from_norms,
+    float32_roundoff,
     int8_node_scale,
     int8_row_scales,
 )
 from .index import QCGIndex
-from .result import RetrievalResult, seed_threshold, tile_rows
+from .result import RetrievalResult, seed_threshold
 
 
 class NumpyBackend:
     def __init__(self, index: QCGIndex, prefilter: str | None = None):
-        """``prefilter``: None (the float32 GEMM), "bf16" or "int8"."""
+        """``prefilter``: the GEMM's precision, None (float32), "bf16" or "int8"."""
         import numba
 
-        from ..kernels import expand_cpu, seeds_cpu
-
-        self.index, self._seeds, self._expand = index, seeds_cpu.top_n_above, expand_cpu.expand_and_rank
-        self._threads = numba.get_num_threads
-        self._buffer: np.ndarray | None = None  # float32 similarity tile, reused: no page faults per tile
-        self._gemm = float32_gemm(index.node_embeddings)
+        self.index, self._threads = index, numba.get_num_threads
         self.graph = compact_graph(index)
-        kind = PREFILTERS[prefilter] if prefilter and index.n_nodes else None
-        self.prefilter = kind(index, self.graph) if kind else None
-        self.fallback_rows = 0  # queries whose near-ties overflowed the prefilter's candidates (float32 path instead)
+        self.prefilter = PREFILTERS[prefilter or "float32"](index, self.graph) if index.n_nodes else None
+        self.fallback_rows = 0  # queries whose near-ties overflowed the candidates (rescored over every node)
 
     def search(self, q: np.ndarray, config: RetrievalConfig) -> RetrievalResult:
         index, out = self.index, RetrievalResult.empty(len(q), config)
-        if index.n_nodes == 0:
+        if self.prefilter is None:
             return out
         threshold, n = seed_threshold(config.gamma), min(config.n, index.n_nodes)
-        rows = self.prefilter.rows if self.prefilter else tile_rows(index.n_nodes)
-        for start in range(0, len(q), rows):
-            tile = q[start : start + rows]
+        for start in range(0, len(q), self.prefilter.rows):
+            tile = q[start : start + self.prefilter.rows]
             part = slice(start, start + len(tile))
-            if self.prefilter:
-                ids, vals, ranked, overflow = self.prefilter.search(tile, threshold, n, config)
-                self._redo_in_float32(tile, np.flatnonzero(overflow), threshold, n, config, ids, vals, ranked)
-            else:
-                ids, vals = self.exact_seeds(tile, threshold, n)
-                ranked = self.rank(tile, ids, config)
+            ids, vals, ranked, overflow = self.prefilter.search(tile, threshold, n, config)
+            self._rescore_every_node(tile, np.flatnonzero(overflow), threshold, n, config, ids, vals, ranked)
             out.seed_ids[part, : ids.shape[1]], out.seed_sims[part, : ids.shape[1]] = ids, vals
             out.chunk_ids[part], out.scores[part], out.n_selected[part] = ranked
         return out
 
-    def _redo_in_float32(self, tile, rows: np.ndarray, threshold, n: int, config, ids, vals, ranked) -> None:
-        """Rows whose near-ties overflowed the bf16 candidates: seeds and chunks from the float32 path, in place."""
+    def _rescore_every_node(self, tile, rows: np.ndarray, threshold, n: int, config, ids, vals, ranked) -> None:
+        """Rows whose near-ties overflowed the candidates: seeds and chunks from every node's float64
+        similarity (the same arithmetic as the candidates'), in place; no (rows, N) matrix."""
         if len(rows) == 0:
             return
-        self.fallback_rows += len(rows)
-        ids[rows], vals[rows] = self.exact_seeds(tile[rows], threshold, n)
-        for array, values in zip(ranked, self.rank(tile[rows], ids[rows], config)):
-            array[rows] = values
+        from ..kernels import prefilter_cpu
 
-    def rank(self, tile: np.ndarray, seed_ids: np.ndarray, config: RetrievalConfig):
-        """Expansion, node scores, chunk means and top-K of each query from its seeds (numba)."""
-        indptr, indices, node_chunk = self.graph
-        return self._expand(
-            seed_ids,
-            indptr,
-            indices,
+        self.fallback_rows += len(rows)
+        seed_ids, seed_sims, *exact = prefilter_cpu.rescore_all_and_rank(
+            np.ascontiguousarray(tile[rows]),
             self.index.node_embeddings,
-            tile,
-            node_chunk,
+            threshold,
+            n,
+            *self.graph,
             self.index.n_chunks,
             config.hops,
             config.top_k,
             self._threads(),
         )
-
-    def exact_seeds(self, tile: np.ndarray, threshold: np.float32, n: int):
-        """float32 GEMM of the tile against every node, then the fused threshold/top-n pass."""
-        if self._buffer is None or self._buffer.shape[0] < len(tile):
-            self._buffer = np.empty((len(tile), self.index.n_nodes), np.float32)
-        sims = self._gemm(tile, self._buffer[: len(tile)])
-        return self._seeds(sims, threshold, n)
-
-
-def float32_gemm(nodes: np.ndarray):
-    """``gemm(tile, out)``: tile @ nodes.T into ``out``, through torch where it is installed. After
-    numpy's OpenBLAS GEMM, its threads spin for ~0.1 s and made the numba kernel that followed 2x
-    slower on 2 cores (measured); after torch's GEMM (as fast here) they do not."""
-    if not WITH_TORCH:
-        return lambda tile, out: np.matmul(tile, nodes.T, out=out)
-    torch = require("torch")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # a read-only memory map is fine: it is only read
-        nodes_t = torch.from_numpy(np.asarray(nodes))
-
-    def gemm(tile: np.ndarray, out: np.ndarray) -> np.ndarray:
-        torch.mm(torch.from_numpy(tile), nodes_t.T, out=torch.from_numpy(out))
-        return out
-
-    return gemm
+        ids[rows], vals[rows] = seed_ids, seed_sims
+        for array, values in zip(ranked, exact):
+            array[rows] = values
 
 
 def compact_graph(index: QCGIndex) -> tuple:
@@ -125,7 +90,7 @@ class Prefilter:
     flagged. A subclass gives the precision: the nodes' copy, a query tile's copy with its bound, the GEMM."""
 
     rows, cols = 512, 8192  # queries x nodes per GEMM: measured fastest with AMX (bf16) and VNNI (int8)
-    spare = 256  # candidates kept per query beyond 4n before a row counts as near-ties (float32 path instead)
+    spare = 256  # candidates kept per query beyond 4n before a row counts as near-ties (rescored over every node)
     nodes_low: Any  # the nodes in the GEMM's precision (a torch tensor)
     output_dtype: Any  # the GEMM's output dtype, and the dtype its bits are read as keys in
     key_dtype: Any
@@ -135,7 +100,7 @@ class Prefilter:
 
         from ..kernels import prefilter_cpu
 
-        self.torch = require("torch")
+        self.torch: Any = None  # the bf16 and int8 GEMMs run in torch
         self.kernels, self.index, self.nodes = prefilter_cpu, index, index.node_embeddings
         self.graph = graph if graph is not None else compact_graph(index)
         self._threads = numba.get_num_threads
@@ -163,7 +128,7 @@ class Prefilter:
 
     def search(self, tile: np.ndarray, threshold: np.float32, n: int, config: RetrievalConfig):
         """Seeds, [chunk ids, scores, |Q*|] and the overflow mask per query. Overflowed rows (thousands
-        of near-ties) are left empty for the caller's float32 path."""
+        of near-ties) are left empty for the caller to rescore over every node."""
         k, index = self.kernels, self.index
         tile_low, eps, unit = self.round_tile(tile)
         rows, capacity = len(tile), 4 * n + self.spare
@@ -212,7 +177,8 @@ class Bf16Prefilter(Prefilter):
 
     def __init__(self, index: QCGIndex, graph: tuple | None = None):
         super().__init__(index, graph)
-        torch, nodes = self.torch, index.node_embeddings
+        self.torch = torch = require("torch")
+        nodes = index.node_embeddings
         self.output_dtype, self.key_dtype = torch.bfloat16, torch.int16  # bf16 bit patterns as keys
         self.nodes_low = torch.empty(nodes.shape, dtype=torch.bfloat16)
         for start in range(0, len(nodes), 65536):  # in blocks: nodes may be a read-only memory map
@@ -239,7 +205,8 @@ class Int8Prefilter(Prefilter):
 
     def __init__(self, index: QCGIndex, graph: tuple | None = None):
         super().__init__(index, graph)
-        torch, nodes = self.torch, index.node_embeddings
+        self.torch = torch = require("torch")
+        nodes = index.node_embeddings
         self.output_dtype = self.key_dtype = torch.int32  # exact integer dot products as keys
         self.spare = 1024  # its bound is ~2.5x bf16's, so ~2.5x as many candidates are within it
         self.node_scale = int8_node_scale(nodes)
@@ -266,4 +233,61 @@ class Int8Prefilter(Prefilter):
         return self.torch._int_mm(tile_int8, block, out=out)
 
 
-PREFILTERS = {"bf16": Bf16Prefilter, "int8": Int8Prefilter}  # --prefilter's precisions (search.prefilter_kind)
+class Float32Prefilter(Prefilter):
+    """The float32 GEMM (torch's where installed, else numpy's), its values read as keys. Its bound is
+    float32 rounding alone (~d 2^-24), so few candidates pass: it ranks seeds by the same float64
+    similarities as the bf16 and int8 prefilters, at the float32 GEMM's speed."""
+
+    spare = 64  # within d 2^-24 of the n-th best: near-duplicates only
+
+    def __init__(self, index: QCGIndex, graph: tuple | None = None):
+        super().__init__(index, graph)
+        nodes = index.node_embeddings
+        self.node_norm = max(
+            (
+                float(np.linalg.norm(np.asarray(nodes[s : s + 65536], np.float64), axis=1).max())
+                for s in range(0, len(nodes), 65536)
+            ),
+            default=0.0,
+        )
+        self.roundoff = float32_roundoff(nodes.shape[1])
+        self._out: np.ndarray | None = None  # the GEMM's output tile, reused: a fresh one costs page faults
+        self._gemm = float32_gemm(nodes)
+
+    def round_tile(self, tile: np.ndarray):
+        q_norm = np.linalg.norm(tile.astype(np.float64), axis=1)
+        eps = bound_from_norms(q_norm, q_norm, 0.0, self.node_norm, 0.0, self.roundoff)
+        return tile, eps.astype(np.float32), np.ones(len(tile), np.float32)
+
+    def output(self, rows: int):
+        if self._out is None or len(self._out) < rows:
+            self._out = np.empty((rows, self.cols), np.float32)
+        return self._out[:rows]
+
+    def keys(self, tile, col0: int, out) -> np.ndarray:
+        width = min(self.cols, len(self.nodes) - col0)
+        return self._gemm(tile, col0, width, out if width == out.shape[1] else np.empty((len(tile), width), np.float32))
+
+
+def float32_gemm(nodes: np.ndarray):
+    """``gemm(tile, col0, width, out)``: tile @ nodes[col0 : col0 + width].T into ``out``, in IEEE float32,
+    through torch where it is installed. After numpy's OpenBLAS GEMM, its threads spin for ~0.1 s and
+    made the numba kernel that followed 2x slower on 2 cores (measured); after torch's GEMM (as fast
+    here) they do not."""
+    if not WITH_TORCH:
+        return lambda tile, col0, width, out: np.matmul(tile, nodes[col0 : col0 + width].T, out=out)
+    torch = require("torch")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a read-only memory map is fine: it is only read
+        nodes_t = torch.from_numpy(np.asarray(nodes))
+
+    def gemm(tile: np.ndarray, col0: int, width: int, out: np.ndarray) -> np.ndarray:
+        with ieee_float32_matmul():
+            torch.mm(torch.from_numpy(tile), nodes_t[col0 : col0 + width].T, out=torch.from_numpy(out))
+        return out
+
+    return gemm
+
+
+# --prefilter's precisions (search.prefilter_kind; float32 for "off")
+PREFILTERS = {"float32": Float32Prefilter, "bf16": Bf16Prefilter, "int8": Int8Prefilter}

@@ -2,8 +2,12 @@
 over blocks of nodes and keeps only what passes the threshold, so a query tile needs no (B, N)
 similarity matrix and can be large), topk over similarity tiles when too many nodes pass; gathers
 over the fixed-degree kNN table for the expansion, sort-based segment means for the chunks. CUDA
-when present, CPU tensors otherwise (the parity tests run it on both). On GPUs with bf16 tensor
-cores the GEMM runs in bf16 as a prefilter (``bf16.py``) with exact rescoring."""
+when present, CPU tensors otherwise (the parity tests run it on both).
+
+The GEMM is a prefilter in either precision, IEEE float32 or (GPUs with bf16 tensor cores) bf16:
+candidates within its error bound (``bounds.py``) are rescored as float64 dot products, and rows whose
+candidates do not fit are rescored over every node, so seeds and their similarities are the numpy
+backend's (the same float64 numbers, summed in another order: equal unless two are within ~1e-15)."""
 
 from __future__ import annotations
 
@@ -11,15 +15,15 @@ import contextlib
 
 import numpy as np
 
-from ..capabilities import require
+from ..capabilities import ieee_float32_matmul, require
 from ..config import RetrievalConfig
 from ..errors import QCGError
-from .bounds import bf16_error_bound, bf16_rounding
+from .bounds import bf16_error_bound, bf16_rounding, bound_from_norms, float32_roundoff
 from .index import QCGIndex
 from .result import SIMILARITY_TILE_ELEMENTS, RetrievalResult, seed_threshold, tile_rows
 
 TOPK_MARGIN = 8
-PREFILTER_TOPK_MARGIN = 64  # bf16 approximations beyond the n best that the torch prefilter rescores
+PREFILTER_TOPK_MARGIN = 64  # approximations beyond the n best that the topk path rescores
 # Threshold-first selection keeps (query, node) candidates, ~20 bytes each; past this many in a tile
 # (a low threshold) the tile takes the topk path instead.
 CANDIDATE_BUDGET = {"cuda": 1 << 24, "cpu": 1 << 22}
@@ -43,10 +47,13 @@ class TorchBackend:
         self.neighbors = torch.cat([self.neighbors, torch.full((1, self.k), n, device=self.device, dtype=torch.int64)])
         self.nodes_padded = torch.cat([self.nodes, torch.zeros((1, index.dim), device=self.device)])
         self.node_chunk = torch.from_numpy(np.r_[index.node_chunk, index.n_chunks]).to(self.device)
-        self.nodes_bf16 = self.nodes.bfloat16() if prefilter and n else None
-        if self.nodes_bf16 is not None:
-            self.node_norm, self.node_residual = bf16_rounding(index.node_embeddings, self.nodes_bf16)
-        self.fallback_rows = 0  # queries whose candidates did not fit the prefilter's top-k (float32 path instead)
+        self.bf16 = bool(prefilter and n)
+        self.nodes_low = self.nodes.bfloat16() if self.bf16 else self.nodes  # the GEMM's precision
+        if self.bf16:
+            self.node_norm, self.node_residual = bf16_rounding(index.node_embeddings, self.nodes_low)
+        else:
+            self.node_norm, self.node_residual = float(self.nodes.double().norm(dim=1).max()) if n else 0.0, 0.0
+        self.fallback_rows = 0  # queries whose candidates did not fit the top-k (rescored over every node)
         on_gpu = self.device.type == "cuda"  # big GPUs take 1 GiB similarity blocks and 4096-query tiles
         self.tile_rows, elements = (4096, 4 * SIMILARITY_TILE_ELEMENTS) if on_gpu else (256, SIMILARITY_TILE_ELEMENTS)
         self.node_block = max(1, elements // self.tile_rows)  # nodes per similarity block of a threshold-first tile
@@ -61,7 +68,7 @@ class TorchBackend:
             return out
         threshold, n = float(seed_threshold(config.gamma)), min(config.n, n_nodes)
         threshold_first = True  # until a tile passes more candidates than the budget: then topk for the rest
-        with torch.inference_mode():
+        with torch.inference_mode(), ieee_float32_matmul(), float32_accumulation(torch):
             for start in range(0, len(q), self.tile_rows):
                 tile = torch.from_numpy(q[start : start + self.tile_rows]).to(self.device)
                 part = slice(start, start + len(tile))
@@ -83,37 +90,30 @@ class TorchBackend:
         self.topk_tiles += 1
         parts = []
         for start in range(0, len(tile), self.topk_rows):
-            sub = tile[start : start + self.topk_rows]
-            if self.nodes_bf16 is not None:
-                parts.append(self._seeds_bf16(sub, threshold, n, self.nodes_bf16))
-            else:
-                parts.append(self._seeds(sub @ self.nodes.T, threshold, n))
+            parts.append(self._topk_prefiltered(tile[start : start + self.topk_rows], threshold, n))
         return self.torch.cat([p[0] for p in parts]), self.torch.cat([p[1] for p in parts])
 
+    def _low(self, tile):
+        """The tile in the GEMM's precision and each row's bound on |GEMM - exact similarity|."""
+        if self.bf16:
+            tile_low = tile.bfloat16()
+            return tile_low, bf16_error_bound(tile.double(), tile_low.double(), self.node_norm, self.node_residual)
+        q_norm = tile.double().norm(dim=1)
+        return tile, bound_from_norms(q_norm, q_norm, 0.0, self.node_norm, 0.0, float32_roundoff(tile.shape[1]))
+
     def _threshold_first(self, tile, threshold: float, n: int):
-        """Every (query, node) pair whose similarity passes the threshold, gathered block by block of
-        nodes, then each query's n best of them (:func:`top_n_per_row`); None when more than
-        ``candidate_budget`` pairs pass.
-        With the bf16 prefilter a pair passes when its bf16 similarity reaches t - eps (eps bounds
-        the bf16 error, so no node at or above t is missed); those within 2 eps of their row's n-th
-        best approximation are rescored in float64 like :meth:`_seeds_bf16`'s candidates.
-        Otherwise the float32 similarities are kept as they are."""
-        torch, nodes_bf16 = self.torch, self.nodes_bf16
-        bf16 = nodes_bf16 is not None
-        if bf16:
-            tile_bf16 = tile.bfloat16()
-            eps = bf16_error_bound(tile.double(), tile_bf16.double(), self.node_norm, self.node_residual).float()
-            floor = (threshold - eps)[:, None]
+        """Every (query, node) pair whose approximate similarity reaches t - eps (eps bounds the GEMM's
+        error, so no node at or above t is missed), gathered block by block of nodes; those within
+        2 eps of their row's n-th best approximation are rescored in float64 like
+        :meth:`_topk_prefiltered`'s candidates, then each query's n best (:func:`top_n_per_row`). None
+        when more than ``candidate_budget`` pairs pass."""
+        torch = self.torch
+        tile_low, eps = self._low(tile)
+        floor = (threshold - eps.float())[:, None]
         rows, ids, vals, total = [], [], [], 0
         for start in range(0, len(self.nodes), self.node_block):
-            block = slice(start, start + self.node_block)
-            if nodes_bf16 is not None:
-                with float32_accumulation(torch):
-                    sims = (tile_bf16 @ nodes_bf16[block].T).float()
-                r, c = torch.nonzero(sims >= floor, as_tuple=True)
-            else:
-                sims = tile @ self.nodes[block].T
-                r, c = torch.nonzero(sims >= threshold, as_tuple=True)
+            sims = (tile_low @ self.nodes_low[start : start + self.node_block].T).float()
+            r, c = torch.nonzero(sims >= floor, as_tuple=True)
             vals.append(sims[r, c])
             total += len(r)
             if total > self.candidate_budget:
@@ -121,19 +121,17 @@ class TorchBackend:
             rows.append(r)
             ids.append(c + start)
         rows, ids, sims = torch.cat(rows), torch.cat(ids), torch.cat(vals)
-        if bf16:
-            # only what can still be among a row's n best is rescored: approximation >= a_n - 2 eps,
-            # a_n the row's n-th best approximation (the bound of _seeds_bf16)
-            order, rank = rank_in_rows(torch, rows, sims, len(tile))
-            nth = torch.full((len(tile),), -float("inf"), device=sims.device)
-            at_n = order[rank == n - 1]
-            nth[rows[at_n]] = sims[at_n]
-            hopeful = sims >= (nth - 2 * eps)[rows]
-            rows, ids = rows[hopeful], ids[hopeful]
-            sims64 = pair_dot(torch, self.nodes, tile, ids, rows)
-            exact = sims64 >= threshold
-            rows, ids, sims = rows[exact], ids[exact], sims64[exact]
-        ids, sims = top_n_per_row(torch, rows, ids, sims, len(tile), n)
+        # only what can still be among a row's n best is rescored: approximation >= a_n - 2 eps,
+        # a_n the row's n-th best approximation (the bound of _topk_prefiltered)
+        order, rank = rank_in_rows(torch, rows, sims, len(tile))
+        nth = torch.full((len(tile),), -float("inf"), device=sims.device)
+        at_n = order[rank == n - 1]
+        nth[rows[at_n]] = sims[at_n]
+        hopeful = sims >= (nth - 2 * eps.float())[rows]
+        rows, ids = rows[hopeful], ids[hopeful]
+        sims64 = pair_dot(torch, self.nodes, tile, ids, rows)
+        exact = sims64 >= threshold
+        ids, sims = top_n_per_row(torch, rows[exact], ids[exact], sims64[exact], len(tile), n)
         return ids, sims.float()
 
     def _seeds(self, sims, threshold: float, n: int):
@@ -151,20 +149,18 @@ class TorchBackend:
         keep = vals >= threshold
         return torch.where(keep, ids, -1), torch.where(keep, vals, torch.full_like(vals, -float("inf")))
 
-    def _seeds_bf16(self, tile, threshold: float, n: int, nodes_bf16):
-        """Exact seeds from a bf16 GEMM: the top n + margin approximations hold every node that can
-        be a seed when the last of them is below max(t, a_n - eps) - eps (see kernels/prefilter_cpu.py);
+    def _topk_prefiltered(self, tile, threshold: float, n: int):
+        """Exact seeds from a (B, N) GEMM tile: the top n + margin approximations hold every node that
+        can be a seed when the last of them is below max(t, a_n - eps) - eps (see kernels/prefilter_cpu.py);
         those are rescored in float64, like the numpy backend's, because the bound is on the exact
         similarity (a float32 rescoring may differ from it by d 2^-24 |q| |u|, outside the bound);
-        other rows take the float32 path."""
+        other rows are rescored over every node (:meth:`_every_node_seeds`)."""
         torch = self.torch
-        tile_bf16 = tile.bfloat16()
-        with float32_accumulation(torch):
-            approx = tile_bf16 @ nodes_bf16.T
-        eps = bf16_error_bound(tile.double(), tile_bf16.double(), self.node_norm, self.node_residual).float()
+        tile_low, eps = self._low(tile)
+        approx = tile_low @ self.nodes_low.T
         width = min(approx.shape[1], n + PREFILTER_TOPK_MARGIN)
         vals, ids = approx.topk(width, dim=1)
-        vals = vals.float()
+        vals, eps = vals.float(), eps.float()
         floor = torch.maximum(threshold - eps, vals[:, n - 1] - 2 * eps)
         complete = (vals[:, -1] < floor) | (width == approx.shape[1])
         sims = exact_dot(torch, self.nodes, tile, ids)
@@ -175,8 +171,20 @@ class TorchBackend:
         if not complete.all():
             rows = torch.nonzero(~complete).flatten()
             self.fallback_rows += len(rows)
-            ids[rows], sims[rows] = self._seeds(tile[rows] @ self.nodes.T, threshold, n)
+            ids[rows], sims[rows] = self._every_node_seeds(tile[rows], threshold, n)
         return ids, sims
+
+    def _every_node_seeds(self, tile, threshold: float, n: int):
+        """Seeds of rows with too many near-ties, from every node's float64 similarity, a few rows at a
+        time (float64 tiles within the similarity budget)."""
+        torch, rows, parts = self.torch, max(1, self.topk_rows // 2), []
+        for start in range(0, len(tile), rows):
+            sub = tile[start : start + rows].double()
+            blocks = range(0, len(self.nodes), self.node_block)
+            sims = torch.cat([sub @ self.nodes[b : b + self.node_block].double().T for b in blocks], dim=1)
+            ids, vals = self._seeds(sims, threshold, n)
+            parts.append((ids, vals.float()))
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     def _expand(self, seed_ids, hops: int):
         """Q* per row as node ids (sorted, unique), padding = N."""
