@@ -595,9 +595,7 @@ def read_config_file(path: str | os.PathLike) -> dict[str, dict]:
         raise QCGError(f"cannot read config file {path}: {exc.strerror}") from exc
     try:
         if path.suffix == ".toml":
-            import tomllib
-
-            data = tomllib.loads(text)
+            data = _toml().loads(text)
         elif path.suffix in (".yaml", ".yml"):
             import yaml
 
@@ -622,6 +620,15 @@ def read_config_file(path: str | os.PathLike) -> dict[str, dict]:
             if not _fits(value, str(fields[key].type)):
                 raise QCGError(f"config file {path}: {name}.{key} = {value!r}, expected {fields[key].type}")
     return data
+
+
+def _toml():
+    """tomllib (Python 3.11 on), else tomli, its backport (a dependency on Python 3.10)."""
+    try:
+        import tomllib
+    except ImportError:
+        import tomli as tomllib
+    return tomllib
 
 
 def _fits(value, annotation: str) -> bool:

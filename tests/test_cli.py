@@ -193,6 +193,18 @@ def test_a_stored_generation_overrides_the_config_file(tmp_path):
     assert (config.generation.m, config.generation.prompt) == (4, "quoted")
 
 
+def test_a_toml_config_file_reads_on_python_3_10(tmp_path, monkeypatch):
+    """Python 3.10 has no tomllib: tomli, a dependency there, reads the same file."""
+    import sys
+
+    from qcg_gpu.config import read_config_file
+
+    path = tmp_path / "qcg.toml"
+    path.write_text(CONFIG_TOML)
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # `import tomllib` fails as on 3.10
+    assert read_config_file(path)["retrieval"] == {"gamma": 1.2, "top_k": 8}
+
+
 @pytest.mark.parametrize(
     "text,message",
     [
