@@ -14,10 +14,8 @@ that would change results must match them.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import time
 from collections import Counter
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +26,7 @@ from .config import IndexConfig, result_fields
 from .embedding import Embedder
 from .errors import QCGError
 from .generation import generate_pairs
+from .index_format import update_lock
 from .knn import KnnGraph, add_nodes, remove_nodes
 from .llm import LLMBackend
 from .retrieval import QCGIndex
@@ -88,17 +87,6 @@ def index_settings(manifest: dict, options: IndexConfig | None) -> IndexConfig:
     return config.validate()
 
 
-@contextmanager
-def _update_lock(index: Path):
-    """One update of an index at a time: a second waits instead of losing the first one's work."""
-    with open(index / ".update.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def add_documents(
     index: str | Path,
     input_path: str | Path,
@@ -111,7 +99,7 @@ def add_documents(
     """Add the documents at ``input_path`` (directory, .jsonl or .parquet) to an existing index;
     with a Ray ``cluster``, the new chunks' pairs and embeddings are made on its workers."""
     index = Path(index)
-    with _update_lock(index):
+    with update_lock(index):
         stored = _Stored.load(index)
         config = index_settings(stored.manifest, options)
         summary = IndexSummary(out=index)
@@ -130,7 +118,7 @@ def add_documents(
 def remove_documents(index: str | Path, doc_ids: list[str]) -> IndexSummary:
     """Remove the documents ``doc_ids`` (their chunks, pairs and nodes) from an index."""
     index = Path(index)
-    with _update_lock(index):
+    with update_lock(index):
         stored = _Stored.load(index)
         summary = IndexSummary(out=index)
         updated = _without_documents(stored, doc_ids, IndexConfig.from_dict(stored.manifest["settings"]), summary)
@@ -151,7 +139,7 @@ def retry_failed(
     the cache), so the index equals a rebuild with those documents last. Nothing is read from
     the input: the chunks are in the index. If a chunk fails again, the index stays as it was."""
     index = Path(index)
-    with _update_lock(index):
+    with update_lock(index):
         stored = _Stored.load(index)
         config = index_settings(stored.manifest, options)
         summary = IndexSummary(out=index)

@@ -10,14 +10,17 @@ for them. A new index is assembled in a hidden sibling directory and renamed int
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import itertools
 import json
 import os
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +68,47 @@ def check_writable(out: Path, overwrite: bool) -> None:
         raise QCGError(f"cannot write to {out.parent}")
 
 
+_held_locks: dict[tuple[str, int], int] = {}  # (index, thread) -> depth: update_lock is re-entrant per thread
+
+
+@contextmanager
+def update_lock(index: str | Path):
+    """One writer of an index at a time (add, remove, retry, and a rebuild's publishing): a second
+    waits instead of losing the first one's work. Re-entrant within a thread."""
+    key = (str(Path(index).resolve()), threading.get_ident())
+    if key in _held_locks:
+        _held_locks[key] += 1
+        try:
+            yield
+        finally:
+            _held_locks[key] -= 1
+        return
+    with open(Path(index) / ".update.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _held_locks[key] = 1
+        try:
+            yield
+        finally:
+            del _held_locks[key]
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+WRITING = ".writing"  # held (flock) by the writer of an unpublished version for as long as it runs
+
+
+def _being_written(version: Path) -> bool:
+    """Whether a live process still writes this unpublished version (its lock dies with its process)."""
+    try:
+        with open(version / WRITING, "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            return False
+    except BlockingIOError:
+        return True
+    except OSError:  # no such directory any more, or unwritable: not ours to judge
+        return False
+
+
 class IndexWriter:
     """Writes the files of a new index version; :meth:`commit` publishes them, :meth:`abort` drops them."""
 
@@ -77,6 +121,8 @@ class IndexWriter:
         )
         self.data = self.root / self.version
         self.data.mkdir(parents=True)
+        self._writing = open(self.data / WRITING, "a")  # held until commit or abort
+        fcntl.flock(self._writing, fcntl.LOCK_EX)  # another writer's clean-up leaves this version alone
         self.files: dict[str, str] = {}
 
     def write_table(self, name: str, table) -> None:
@@ -113,6 +159,12 @@ class IndexWriter:
         self.files[f"{name}.npy"] = _sha256(self.data / f"{name}.npy")
 
     def commit(self, manifest: dict) -> Path:
+        if self.root == self.out:  # replacing a live index: not in the middle of another writer's update
+            with update_lock(self.out):
+                return self._publish(manifest)
+        return self._publish(manifest)
+
+    def _publish(self, manifest: dict) -> Path:
         manifest = {"format_version": FORMAT_VERSION, **manifest, "data_dir": self.version, "files": self.files}
         for name in self.files:
             _fsync(self.data / name)
@@ -126,25 +178,38 @@ class IndexWriter:
         if self.root != self.out:
             os.replace(self.root, self.out)
             for leftover in self.out.parent.glob(f".{self.out.name}.tmp-v-*"):  # of runs killed before publishing
-                shutil.rmtree(leftover, ignore_errors=True)
+                if not _being_written(leftover / leftover.name.split(".tmp-")[-1]):
+                    shutil.rmtree(leftover, ignore_errors=True)
         if previous and previous != "." and (self.out / previous).is_dir():
             (self.out / previous / SUPERSEDED).touch()  # readers of it get RETAIN_SECONDS from now
+        self._release()
         self._drop_old_versions(keep={self.version, previous})
         return self.out
 
+    def _release(self) -> None:
+        self._writing.close()  # closing drops the flock
+        (self.out / self.version / WRITING).unlink(missing_ok=True)
+
     def _drop_old_versions(self, keep: set) -> None:
-        """Versions superseded more than RETAIN_SECONDS ago, versions never published (a killed
-        writer's), and format-1 files at the top once a format-2 version has replaced them twice."""
+        """The policy for old versions: the live one and the one before it stay (readers that loaded it
+        go on); older ones go once superseded RETAIN_SECONDS ago, and so do versions never published
+        whose writer is gone (killed); a version another writer is still writing stays. Format-1 files
+        at the top go once a format-2 version has replaced them twice."""
         now = time.time()
         for path in self.out.iterdir():
             if path.is_dir() and path.name.startswith("v-") and path.name not in keep:
                 marker = path / SUPERSEDED
-                if not marker.exists() or now - marker.stat().st_mtime >= RETAIN_SECONDS:
+                if marker.exists():
+                    stale = now - marker.stat().st_mtime >= RETAIN_SECONDS
+                else:
+                    stale = not _being_written(path)
+                if stale:
                     shutil.rmtree(path, ignore_errors=True)
             elif path.is_file() and path.suffix in (".npy", ".parquet") and "." not in keep:
                 path.unlink(missing_ok=True)
 
     def abort(self) -> None:
+        self._writing.close()
         shutil.rmtree(self.data if self.root == self.out else self.root, ignore_errors=True)
 
 
@@ -168,6 +233,14 @@ def data_dir(index: str | Path, manifest: dict | None = None) -> Path:
     if not (index / MANIFEST).exists():
         return index
     return index / (manifest or read_manifest(index)).get("data_dir", ".")
+
+
+def index_root(folder: str | Path) -> Path:
+    """The index a folder belongs to: itself, or the index above it when it is a version directory
+    (what ``qcg check`` takes, and so what a message should name)."""
+    folder = Path(folder)
+    is_version = folder.name.startswith("v-") and (folder.parent / MANIFEST).exists()
+    return folder.parent if is_version else folder
 
 
 def read_manifest(index: str | Path) -> dict:
@@ -211,7 +284,8 @@ def load_array(index: str | Path, name: str, mmap: bool = True, manifest: dict |
     try:
         return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
-        raise QCGError(f"index {index}: {path.name} is unreadable ({exc}); run: qcg check {index}") from exc
+        root = index_root(index)
+        raise QCGError(f"index {root}: {path.name} is unreadable ({exc}); run: qcg check {root}") from exc
 
 
 def load_table(index: str | Path, name: str, manifest: dict | None = None):
@@ -226,7 +300,8 @@ def load_table(index: str | Path, name: str, manifest: dict | None = None):
     try:
         return pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:
-        raise QCGError(f"index {index}: {path.name} is unreadable ({exc}); run: qcg check {index}") from exc
+        root = index_root(index)
+        raise QCGError(f"index {root}: {path.name} is unreadable ({exc}); run: qcg check {root}") from exc
 
 
 def csr_problems(indptr: np.ndarray, indices: np.ndarray, n_nodes: int) -> list[str]:

@@ -78,17 +78,76 @@ def test_format_1_index_is_read_and_replaced(tmp_path):
     assert not (out / "knn_indptr.npy").exists()
 
 
+def _killed_writer(out, value):
+    """A process that starts writing a version of ``out`` and is killed before it commits."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, signal, numpy as np\n"
+        "from qcg_gpu.index_format import IndexWriter\n"
+        f"IndexWriter({str(out)!r}).write_array('knn_indptr', np.array([{value}]))\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    assert subprocess.run([sys.executable, "-c", code]).returncode == -9
+
+
 def test_killed_writer_leaves_nothing_visible_and_is_cleaned_up(tmp_path):
     out = tmp_path / "idx"
-    IndexWriter(out).write_array("knn_indptr", np.array([1]))  # a new index, never committed (killed)
+    _killed_writer(out, 1)  # a new index, never committed
     assert not out.exists()
     _write(out, 2)
     assert [p.name for p in tmp_path.iterdir()] == ["idx"]
-    orphan = IndexWriter(out)  # a replacement, never committed
-    orphan.write_array("knn_indptr", np.array([3]))
-    assert load_array(out, "knn_indptr").tolist() == [2]
+    _killed_writer(out, 3)  # a replacement, never committed
+    orphans = [p for p in out.iterdir() if p.name.startswith("v-") and p.name != read_manifest(out)["data_dir"]]
+    assert len(orphans) == 1 and load_array(out, "knn_indptr").tolist() == [2]
     _write(out, 4)
-    assert not orphan.data.exists()  # a version never published has no readers: dropped at once
+    assert not orphans[0].exists()  # a version never published whose writer is gone has no readers: dropped
+
+
+def test_a_version_another_writer_is_still_writing_is_kept(tmp_path):
+    """Two writers of one index (a rebuild beside an add): the first to publish leaves the other's
+    unpublished version alone, and the other then publishes a complete index."""
+    out = tmp_path / "idx"
+    _write(out, 1)
+    slow = IndexWriter(out)
+    slow.write_table("chunks", pa.table({"chunk_id": [0]}))
+    _write(out, 2)  # publishes, and drops what it may
+    assert slow.data.exists()
+    slow.write_array("knn_indptr", np.array([3]))
+    slow.commit({"note": 3})
+    assert load_array(out, "knn_indptr").tolist() == [3] and data_dir(out) == slow.data
+    assert not (slow.data / index_format.WRITING).exists()
+    new = tmp_path / "new"  # the same for two builds of a new index: each is assembled aside
+    first = IndexWriter(new)
+    _write(new, 5)
+    assert first.root.exists()
+    first.abort()
+
+
+def test_a_rebuild_publishes_only_between_updates(tmp_path):
+    """An update (add, remove, retry) holds the index's lock from reading it to publishing; a rebuild's
+    commit waits for it, so neither publishes over a version the other has not seen being made."""
+    import threading
+    import time
+
+    out = tmp_path / "idx"
+    _write(out, 1)
+    released = threading.Event()
+
+    def update():
+        with index_format.update_lock(out):
+            with index_format.update_lock(out):  # re-entrant: an update's own commit takes it again
+                time.sleep(1.0)
+            released.set()
+
+    holder = threading.Thread(target=update)
+    holder.start()
+    time.sleep(0.2)
+    _write(out, 2)  # a rebuild's commit
+    assert released.is_set()
+    holder.join()
+    assert load_array(out, "knn_indptr").tolist() == [2]
 
 
 def test_refusals(tmp_path):

@@ -69,8 +69,22 @@ def test_truncated_file_is_refused(index):
     path = data_dir(index) / "knn_indices.npy"
     path.write_bytes(path.read_bytes()[:100])
     assert any("knn_indices.npy" in p for p in check_index(index))
-    with pytest.raises(QCGError, match="knn_indices.npy is unreadable"):
+    with pytest.raises(QCGError, match="knn_indices.npy is unreadable") as refused:
         QCGIndex.load(index, verify=False)
+    assert str(refused.value).endswith(f"run: qcg check {index}")  # the index, not its version folder
+
+
+def test_a_nan_node_row_is_refused_even_without_checksums(index, cli):
+    """One NaN row would make the prefilters' bounds NaN and drop it from every maximum: wrong seeds."""
+    emb = np.load(data_dir(index) / "node_embeddings.npy")
+    emb[5, 3] = np.nan
+    _rewrite(index, "node_embeddings", emb)
+    assert any("NaN" in p for p in check_index(index))
+    with pytest.raises(QCGError, match="node_embeddings.npy row 5 holds NaN or infinite values") as refused:
+        QCGIndex.load(index, verify=False)
+    assert str(refused.value).endswith(f"run: qcg check {index}")
+    result = cli("query", index, "--query", "house rules", "--no-verify")
+    assert result.returncode == 2 and "row 5 holds NaN" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_inconsistent_graph_is_refused_even_without_checksums(index):

@@ -48,6 +48,8 @@ class QCGIndex:
         problems += csr_problems(indptr, indices, n) if not problems else []
         if len(node_chunk) and not problems and (node_chunk.min() < 0 or node_chunk.max() >= n_chunks):
             problems.append(f"nodes.parquet names chunks outside [0, {n_chunks})")
+        if not problems and (row := first_non_finite_row(emb)) is not None:  # it would poison every bound
+            problems.append(f"node_embeddings.npy row {row} holds NaN or infinite values")
         if problems:
             raise QCGError(f"index {path} is inconsistent: {'; '.join(problems)}; run: qcg check {path}")
         return cls(path, manifest, emb, indptr, indices, node_chunk, n_chunks, verified=verify, data=data)
@@ -75,3 +77,12 @@ class QCGIndex:
 
     def chunk_texts(self) -> list[str]:
         return self.chunks.column("text").to_pylist()
+
+
+def first_non_finite_row(array: np.ndarray, rows: int = 65536) -> int | None:
+    """The first row holding NaN or an infinity (in blocks: a memory map is read once, never whole)."""
+    for start in range(0, len(array), rows):
+        finite = np.isfinite(array[start : start + rows]).all(axis=1)
+        if not finite.all():
+            return start + int(np.argmin(finite))
+    return None
