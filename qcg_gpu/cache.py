@@ -37,6 +37,7 @@ class GenerationCache:
         self._db.execute("CREATE TABLE IF NOT EXISTS replies (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
         self._db.commit()
         self.corrupt = 0  # entries found unreadable (treated as missing and regenerated)
+        self.unreadable_stored = 0  # rows of imported Parquet files that held no reply (skipped, so regenerated)
 
     def get_many(self, keys: list[str]) -> dict[str, dict]:
         found: dict[str, dict] = {}
@@ -96,7 +97,7 @@ class GenerationCache:
 
     def import_parquet(self, path: str | Path) -> set[str]:
         """Add the replies of a file written by :meth:`export_parquet`, STREAM_ROWS rows at a time;
-        returns their keys (unreadable rows are skipped)."""
+        returns their keys. Unreadable rows are skipped and counted in ``unreadable_stored``."""
         import pyarrow.parquet as pq
 
         if not Path(path).is_file():
@@ -109,6 +110,8 @@ class GenerationCache:
                     entry = self._decode(value)
                     if isinstance(key, str) and entry is not None:
                         entries[key] = entry
+                    else:
+                        self.unreadable_stored += 1
                 self.put_many(entries)
                 keys.update(entries)
         except (OSError, ValueError, KeyError) as exc:
@@ -157,9 +160,14 @@ class ReplyStore:
     ):
         self.cache = GenerationCache(cache_path)
         self.stored = self.cache.import_parquet(replies_in) if replies_in else None  # the stored file's keys
+        if self.cache.unreadable_stored:
+            logger.warning(self.unreadable_note(replies_in))
         self.out, self.settings = replies_out, settings
         self.seen = dict[str, None]()  # the run's keys in order (an ordered set); kept only for replies_out
         self.last_shared = 0.0
+
+    def unreadable_note(self, path) -> str:
+        return f"{self.cache.unreadable_stored} rows of {path} held no readable reply: skipped (asked again)"
 
     def use(self, keys: list[str]) -> None:
         if self.out:

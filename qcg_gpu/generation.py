@@ -13,7 +13,7 @@ from . import doc2query
 from .cache import GenerationCache, ReplyStore, generation_cache, reply_entry, stored_settings
 from .chunking import Chunk
 from .config import IndexConfig
-from .llm import LLMBackend, make_backend
+from .llm import NOT_REPORTED, LLMBackend, make_backend
 from .stages import IndexSummary, Pairs, stage
 from .throughput import record_throughput
 
@@ -43,6 +43,8 @@ class Doc2QueryRun:
             summary.stored_chunks = 0
         self.store = ReplyStore(generation_cache(self.gen), self.gen.replies_in, self.gen.replies_out, settings)
         self.cache = self.store.cache
+        if self.cache.unreadable_stored:
+            summary.notes.append(self.store.unreadable_note(self.gen.replies_in))
 
     def pairs(self, chunks: list[Chunk], first_chunk: int = 0) -> Pairs:
         """The valid pairs of ``chunks`` (numbered from 0 in ``chunks``; ``first_chunk`` numbers their
@@ -131,6 +133,9 @@ def _generate_missing(
         cache.put_many(fresh)
         replies.update(fresh)
         after_batch()
+    for i in missing:  # a backend that ends without reporting a request: that chunk failed (retryable)
+        if keys[i] not in replies:
+            failed.setdefault(keys[i], NOT_REPORTED)
 
 
 def _parse_replies(

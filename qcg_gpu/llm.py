@@ -74,13 +74,17 @@ class LLMBackend:
             yield range(start, start + len(batch)), self.chat(batch, sampling)
 
 
+NOT_REPORTED = "the backend reported no reply for this request"
+
+
 def collect(batches: Iterator[tuple[Sequence[int], list[Completion]]], count: int) -> list[Completion]:
-    """The completions of ``chat_batches`` in conversation order."""
-    completions = [Completion()] * count
+    """The completions of ``chat_batches`` in conversation order; a request the backend never reported
+    comes back failed (never as an empty success, which would read as a reply with no pairs)."""
+    completions: list[Completion | None] = [None] * count
     for rows, finished in batches:
         for row, completion in zip(rows, finished):
             completions[row] = completion
-    return completions
+    return [c if c is not None else Completion(error=NOT_REPORTED) for c in completions]
 
 
 def request_seed(seed: int, conversation: Conversation) -> int:

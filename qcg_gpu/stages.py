@@ -325,6 +325,9 @@ def build_manifest(config: IndexConfig, summary: IndexSummary, llm_name: str | N
     one used, or what describes it (its model_name, dim, max_tokens and batch_size)."""
     settings = config.to_dict()
     settings["nodes"]["embed_batch_size"] = embedder.batch_size  # what was used: a passed-in embedder may differ
+    for name in ("cache", "replies_in", "replies_out"):  # files of this machine: their names only travel
+        if settings["generation"][name]:
+            settings["generation"][name] = Path(settings["generation"][name]).name
     return {
         "created_unix": time.time(),
         "settings": settings,

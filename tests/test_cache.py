@@ -54,3 +54,18 @@ def test_a_stored_generation_is_written_and_read_in_batches(tmp_path):
         "k0": {"text": "reply 0", "output_tokens": 0},
         f"k{n - 1}": {"text": f"reply {n - 1}", "output_tokens": n - 1},
     }
+
+
+def test_unreadable_stored_rows_are_counted_and_reported(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from qcg_gpu.cache import ReplyStore
+
+    path = tmp_path / "replies.parquet"
+    values = ['{"text": "fine"}', "{not json", '{"no_text": 1}', '{"text": "also fine"}']
+    pq.write_table(pa.table({"key": ["a", "b", "c", None], "value": values}), path)
+    store = ReplyStore(tmp_path / "cache.sqlite", str(path))
+    assert store.stored == {"a"} and store.cache.unreadable_stored == 3  # a key of None counts too
+    assert "3 rows of" in capsys.readouterr().err  # a warning line on stderr (and a note in the build's summary)
+    store.close()

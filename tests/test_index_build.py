@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 
@@ -15,7 +16,7 @@ from qcg_gpu.config import IndexConfig
 from qcg_gpu.errors import QCGError
 from qcg_gpu.index_format import load_array, load_table, read_manifest
 from qcg_gpu.knn import knn_graph
-from qcg_gpu.llm import Completion, LLMBackend
+from qcg_gpu.llm import Completion, LLMBackend, SamplingSpec
 from qcg_gpu.nodes import split_sentences
 
 from .conftest import sample_docs
@@ -83,6 +84,8 @@ def test_index_on_disk_format(built, embedder):
     assert len(chunks) == summary.chunks == 4 and [c["chunk_id"] for c in chunks] == [0, 1, 2, 3]
     assert {c["doc_id"] for c in chunks} == {"20260105_1100", "20260105_1400", "20260106_0900", "20260106_1300"}
     assert manifest["counts"]["chunks"] == 4 and manifest["settings"]["generation"]["m"] == M
+    assert manifest["settings"]["generation"]["cache"] == "cache.sqlite"  # its name, not this machine's path
+    assert str(index.parent) not in json.dumps(manifest["settings"])
     assert manifest["models"]["llm"].startswith("SmolLM2") and manifest["models"]["embedder"].startswith("all-MiniLM")
     assert manifest["llm_tokens"]["output"] > 0 and manifest["llm_tokens"]["prompt"] > 0
     assert set(manifest["stage_seconds"]) >= {"chunk", "generate", "embed", "knn"}
@@ -275,6 +278,29 @@ def test_an_approximate_graph_is_recorded_and_ranked_exactly(tmp_path, few_docs,
     np.testing.assert_array_equal(scores, want.astype(np.float32))
     # a small graph has fewer than 16 lists: all are searched, so the approximate graph equals the exact one
     assert indices.tolist() == knn_graph(emb, 3).indices.tolist()
+
+
+class LosesOneReply(Recording):
+    """The real engine's stream with one request's reply lost on the way (a backend that ends early)."""
+
+    def chat_batches(self, conversations, sampling, batch_size):
+        for rows, completions in self.backend.chat_batches(conversations, sampling, batch_size):
+            kept = [(row, completion) for row, completion in zip(rows, completions) if row != 1]
+            yield [row for row, _ in kept], [completion for _, completion in kept]
+
+
+def test_a_reply_the_backend_never_reports_fails_its_chunk(tmp_path, few_docs, vllm_backend, embedder):
+    from qcg_gpu.llm import NOT_REPORTED, collect
+
+    llm = LosesOneReply(vllm_backend)
+    conversations = [[{"role": "user", "content": f"Say {word}."}] for word in ("yes", "no", "maybe")]
+    sampling = SamplingSpec(temperature=0.0, top_p=1.0, max_tokens=8, seed=0)
+    completions = collect(llm.chat_batches(conversations, sampling, 3), 3)
+    assert completions[1].error == NOT_REPORTED and completions[1].text == ""
+    assert completions[0].error is None and completions[0].text and completions[2].text
+    summary = build_index(few_docs, tmp_path / "idx", _config(tmp_path), llm=llm, embedder=embedder)
+    assert summary.failed_chunks == [(1, NOT_REPORTED)]  # not an empty chunk: `qcg index retry` regenerates it
+    assert 1 not in summary.empty_chunks
 
 
 def test_llm_faults_are_counted_and_failed_chunks_retried(tmp_path, few_docs, vllm_backend, embedder):
