@@ -322,6 +322,13 @@ def load_hipporag(path: Path) -> EvalSet:
         qid = str(sample.get("_id", sample.get("id", i)))
         qtype = str(sample.get("type") or (qid.split("__")[0] if "__" in qid else "multi")).lower()
         questions.append(Question(qid, sample["question"].strip(), answers[0], evidence, qtype, answers[1:]))
+    if not questions:
+        raise QCGError(f"no usable questions in {questions_file}" + (f" ({problems[0]}, ...)" if problems else ""))
+    if not any(q.evidence for q in questions):
+        raise QCGError(
+            f"no supporting passage of any question in {questions_file.name} is in {corpus_file.name}: "
+            "is this the corpus the questions were written for?"
+        )
     return EvalSet(f"hipporag:{questions_file.stem}", questions, problems)
 
 

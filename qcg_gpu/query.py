@@ -4,6 +4,8 @@ index's own embedder, retrieve, and describe each result as one JSON object."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,35 @@ from .retrieval import QCGIndex, RetrievalConfig, RetrievalResult, trace_query
 from .runfiles import Ranking, chunk_docno, document_ranking
 
 
+def check_output_file(path: str | Path | None) -> None:
+    """Refuse an --out that could not be written, before any work: a missing folder, a folder, a file
+    as its folder, no write permission."""
+    if path is None:
+        return
+    path = Path(path)
+    if path.is_dir():
+        raise QCGError(f"--out {path} is a folder: name a file")
+    if not path.parent.is_dir():
+        problem = "is not a folder" if path.parent.exists() else "does not exist"
+        raise QCGError(f"--out {path}: {path.parent} {problem}")
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise QCGError(f"--out {path}: not writable")
+
+
+def write_output(path: str | Path | None, lines: list[str]) -> None:
+    """The result lines to --out (stdout without it). If writing fails after all the work (a full disk,
+    /dev/full), they go to stdout instead and the error says so: the work is not lost."""
+    if path is None:
+        sys.stdout.writelines(lines)
+        return
+    try:
+        with open(path, "w") as out:
+            out.writelines(lines)
+    except OSError as exc:
+        sys.stdout.writelines(lines)
+        raise QCGError(f"cannot write --out {path} ({exc.strerror}): the results went to stdout instead") from exc
+
+
 def read_queries(query: str | None = None, path: str | Path | None = None) -> tuple[list[str], list[str]]:
     """(query ids, texts) from one --query or a .txt (a query per line) / .jsonl ({query_id?, query|question}) file."""
     if query is not None:
@@ -28,8 +59,15 @@ def read_queries(query: str | None = None, path: str | Path | None = None) -> tu
     path = Path(path)
     if not path.exists():
         raise QCGError(f"queries file not found: {path}")
+    try:
+        content = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        where = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise QCGError(f"{path}:{where}: not UTF-8 text (byte {exc.object[exc.start]:#04x}); save it as UTF-8") from exc
+    except OSError as exc:
+        raise QCGError(f"cannot read queries file {path}: {exc.strerror}") from exc
     ids, texts = [], []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, line in enumerate(content.splitlines(), 1):
         if not line.strip():
             continue  # blank lines carry no query
         if path.suffix == ".jsonl":

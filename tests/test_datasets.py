@@ -312,3 +312,22 @@ def test_hipporag_layout_resolves_supporting_passages_and_aliases(tmp_path):
     assert any("musique.json[3]: no gold answer" in p for p in evalset.problems)
     docs = [d.doc_id for d in read_documents(tmp_path / "musique_corpus.json", SkipLog())]
     assert docs == ["Green", "Steve Hillage", "Green (2)", "Film X", "Hot"]
+
+
+@pytest.mark.parametrize(
+    "samples,message",
+    [
+        ([], "no usable questions in"),
+        ([{"question": "No answer?"}], "no usable questions in"),
+        (
+            [{"_id": "a", "question": "Q?", "answer": "x", "supporting_facts": [["Elsewhere", 0]], "context": []}],
+            "no supporting passage of any question in musique.json is in musique_corpus.json",
+        ),
+    ],
+)
+def test_hipporag_questions_with_nothing_to_score_are_refused(tmp_path, samples, message):
+    """Like the jsonl and BEIR loaders: an evaluation that could only print empty metrics is refused."""
+    (tmp_path / "musique_corpus.json").write_text(json.dumps([{"title": "Hot", "text": "One.Two."}]))
+    (tmp_path / "musique.json").write_text(json.dumps(samples))
+    with pytest.raises(QCGError, match=message):
+        load_dataset("hipporag", tmp_path)

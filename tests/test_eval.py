@@ -251,6 +251,12 @@ def test_eval_cli_bad_input(small_index, questions_file, tmp_path, cli):
         *("--model", tmp_path / "no-such-model", "--answers-cache", tmp_path / "a.sqlite"),
     )  # refused before the retrieval, and before any engine could start
     assert result.returncode == 2 and "model path does not exist" in result.stderr
+    (tmp_path / "a-file").write_text("")
+    result = cli(
+        *("eval", "--dataset", "jsonl", "--data", questions_file, "--index", tmp_path / "no-index"),
+        *("--out", tmp_path / "a-file" / "report"),
+    )  # refused before the index is even looked at
+    assert result.returncode == 2 and "--out" in result.stderr and "cannot make that folder" in result.stderr
 
 
 class Unreachable:

@@ -137,6 +137,29 @@ def test_bad_query_input(small_index, args, message, cli):
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("out", ["missing/out.jsonl", "folder", "file/out.jsonl"])
+def test_an_unwritable_out_is_refused_before_any_work(small_index, tmp_path, out, cli):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("")
+    # the answering model does not exist either: --out is checked first, before any model or retrieval
+    result = cli("answer", small_index, "--query", "x", "--out", tmp_path / out, "--model", tmp_path / "no-model")
+    assert result.returncode == 2 and "--out" in result.stderr and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+def test_results_that_cannot_be_written_go_to_stdout(small_index, cli):
+    result = cli("query", small_index, "--query", "house rules", "--gamma", "1.0", "--out", "/dev/full")
+    assert result.returncode == 2 and "cannot write --out /dev/full" in result.stderr
+    assert _records(result.stdout)[0]["query"] == "house rules"  # the work is not lost
+
+
+def test_a_queries_file_that_is_not_utf8_is_refused_in_one_line(small_index, tmp_path, cli):
+    (tmp_path / "q.txt").write_bytes("first question\nwhere is the caf\xe9?\n".encode("latin-1"))
+    result = cli("query", small_index, "--queries", tmp_path / "q.txt")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"{tmp_path / 'q.txt'}:2: not UTF-8 text (byte 0xe9)" in result.stderr
+
+
 def test_missing_index_file_is_refused(small_index, tmp_path, cli):
     import shutil
 

@@ -4,6 +4,8 @@ benchmark's questions over an index of its corpus."""
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 
 from ..cache import ReplyStore, answer_cache
 from ..config import PRESETS, AnswerConfig, EvalConfig
@@ -66,6 +68,7 @@ def run(args) -> int:
     from ..retrieval import QCGIndex
 
     config = resolve(EvalConfig(), args).validate()  # refuse unknown names before loading anything
+    _check_output_dir(args.out)
     if args.preset is None and args.dataset in PRESETS:
         args.preset = args.dataset
     retrieval = retrieval_config(args)
@@ -126,6 +129,17 @@ def _evaluate(
     paths = write_report(evaluation, args.out, header, evalset.problems)
     print(paths[1].read_text())
     return 0
+
+
+def _check_output_dir(out: str) -> None:
+    """Refuse an OUT that could not hold the report, before any work (answers are cached either way)."""
+    path = Path(out)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise QCGError(f"--out {out}: cannot make that folder ({exc.strerror})") from exc
+    if not os.access(path, os.W_OK):
+        raise QCGError(f"--out {out}: not writable")
 
 
 def _replies_note(config, *llms) -> str:

@@ -4,8 +4,6 @@ each with an LLM); one JSON line per query, or (query) a TREC run file."""
 from __future__ import annotations
 
 import json
-import sys
-from contextlib import nullcontext
 
 from ..config import AnswerConfig
 from ..errors import QCGError
@@ -90,6 +88,7 @@ def run(args) -> int:
         raise QCGError(f"--trace needs --format jsonl (a {args.format} run has no room for it)")
     if args.answers and args.embeddings:
         raise QCGError("qcg answer needs query texts (--query or --queries), not --embeddings")
+    query.check_output_file(args.out)
     index = QCGIndex.load(args.index, verify=not args.no_verify)
     cluster = ray_cluster(args)
     llm = answering_llm(args, cluster) if args.answers else None  # fail fast, before any retrieval work
@@ -110,10 +109,14 @@ def run(args) -> int:
     )
     if args.answers:
         query.add_answers(records, texts or [], index, llm, resolve(AnswerConfig(), args).validate())
-    with open(args.out, "w") if args.out else nullcontext(sys.stdout) as out:
-        if args.format == "jsonl":
-            out.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
-        else:
-            for record, ranking in zip(records, query.trec_rankings(index, result, args.format == "trec-chunks")):
-                out.writelines(run_lines(record["query_id"], ranking, args.method))
+    if args.format == "jsonl":
+        lines = [json.dumps(record, ensure_ascii=False) + "\n" for record in records]
+    else:
+        rankings = query.trec_rankings(index, result, args.format == "trec-chunks")
+        lines = [
+            line
+            for record, ranking in zip(records, rankings)
+            for line in run_lines(record["query_id"], ranking, args.method)
+        ]
+    query.write_output(args.out, lines)
     return 0
