@@ -439,6 +439,12 @@ class EvalConfig:
         "Comma-separated methods: " + ", ".join(EVAL_METHODS) + " (qcg-* are node-text ablations).",
     )
     sweeps: str = option("", "Comma-separated sweeps of QCG settings: " + ", ".join(SWEEPS) + " (seeds = n x gamma).")
+    baseline: str = option(
+        "naive",
+        "Method every other one is compared with, question by question, in comparisons.csv and summary.md: the "
+        "mean difference with its 95% paired bootstrap interval and a randomization-test p, Holm-adjusted over the "
+        "run (METHOD@LABEL names a --compare-index row).",
+    )
     answers: bool = option(
         True, "Answer every question with the LLM and score the answers (exact match, token F1, judge)."
     )
@@ -472,6 +478,8 @@ class EvalConfig:
 
     def validate(self) -> EvalConfig:
         self.method_list(), self.sweep_list()
+        if self.baseline.partition("@")[0] not in self.method_list():
+            raise QCGError(f"--baseline {self.baseline} is not among the methods evaluated ({self.methods})")
         if self.limit_per_type is not None and self.limit_per_type < 1:
             raise QCGError(f"--limit-per-type must be >= 1, got {self.limit_per_type}")
         if self.answers_in and not os.path.isfile(self.answers_in):

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from . import significance
 from .answer import answer_from_chunks
 from .config import ABLATIONS, BASELINES, INDEX_PARAMETERS, SWEEPS, AnswerConfig, EvalConfig
 from .datasets import NULL_TYPE, EvalSet
@@ -267,9 +268,34 @@ def markdown_tables(rows: list[dict], types: list[str]) -> str:
     return "\n\n".join(parts)
 
 
-def write_report(evaluation: Evaluation, out: str | Path, header: dict, problems: list[str]) -> list[Path]:
-    """results.jsonl, summary.md, summary.csv, sweep_<name>.csv/.png and the TREC files (:func:`write_runs`)
-    in ``out``; returns the paths."""
+def comparison_tables(rows: list[dict], metrics: list[str], types: list[str]) -> str:
+    """summary.md's differences from the baseline: per metric, each method's mean difference overall and per
+    question type with its 95% interval, * where significant after Holm's adjustment."""
+    by_key = {(r["method"], r["metric"]): r for r in rows}
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    parts = []
+    for metric in metrics:
+        header = ["method", "overall", *types]
+        lines = [f"#### {metric_title(metric)}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for method in methods:
+            names = [metric, *(f"{metric}_{t}" for t in types)]
+            lines.append("| " + " | ".join([method, *(_delta(by_key.get((method, n))) for n in names)]) + " |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def _delta(row: dict | None) -> str:
+    if row is None or math.isnan(row["delta"]):
+        return "–"
+    mark = "*" if row["p_adjusted"] < significance.ALPHA else ""
+    return f"{100 * row['delta']:+.2f} [{100 * row['ci_low']:+.2f}, {100 * row['ci_high']:+.2f}]{mark}"
+
+
+def write_report(
+    evaluation: Evaluation, out: str | Path, header: dict, problems: list[str], baseline: str | None = None
+) -> list[Path]:
+    """results.jsonl, summary.md, summary.csv, comparisons.csv (every method against ``baseline``, when it
+    ran), sweep_<name>.csv/.png and the TREC files (:func:`write_runs`) in ``out``; returns the paths."""
     from .plots import plot_sweep
 
     out = Path(out)
@@ -280,6 +306,13 @@ def write_report(evaluation: Evaluation, out: str | Path, header: dict, problems
             fh.write(json.dumps(_without_nan(record), ensure_ascii=False) + "\n")
     rows = summarize(evaluation.records, evaluation.types)
     _write_csv(written[2], rows)
+    metrics = metric_names(evaluation.records)
+    differences = []
+    if baseline is not None and len(rows) > 1 and any(r["method"] == baseline for r in evaluation.records):
+        differences = significance.comparisons(evaluation.records, baseline, metrics, evaluation.types)
+    if differences:
+        written.append(out / "comparisons.csv")
+        _write_csv(written[-1], differences)
     first = [r for r in evaluation.records if r["method"] == rows[0]["method"]] if rows else []
     counts = {t: sum(1 for r in first if r["type"] == t) for t in evaluation.types}
     md = [
@@ -290,6 +323,17 @@ def write_report(evaluation: Evaluation, out: str | Path, header: dict, problems
         "",
         markdown_tables(rows, evaluation.types),
     ]
+    if differences:
+        md += [
+            "",
+            f"### Differences from {baseline} (points)",
+            "",
+            f"Per question, over the questions both scored: the mean difference and its 95% paired bootstrap "
+            f"interval; * = significant at {significance.ALPHA:g} after Holm's adjustment over all "
+            f"{len(differences)} comparisons of this run (a randomization test; comparisons.csv has every p).",
+            "",
+            comparison_tables(differences, metrics, evaluation.types),
+        ]
     faults = {
         what: sum(1 for r in evaluation.records if r.get(key))
         for key, what in (

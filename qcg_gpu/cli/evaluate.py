@@ -126,7 +126,7 @@ def _evaluate(
         **({"LLM replies": _replies_note(config, llm, judge_llm)} if llm else {}),
         "retrieval": dataclasses.asdict(retrieval) | {"knn_k": index.manifest["settings"]["graph"]["knn_k"]},
     }
-    paths = write_report(evaluation, args.out, header, evalset.problems)
+    paths = write_report(evaluation, args.out, header, evalset.problems, config.baseline)
     print(paths[1].read_text())
     return 0
 
