@@ -218,6 +218,18 @@ def _rescore_query(query, nodes, threshold, floor, cand_ids, cand_vals, count, i
             _insert_seed(v, cand_ids[i], ids_out, sims_out)
 
 
+@numba.njit(inline="always")
+def _new_outputs(rows, n, top_k):
+    """Seed ids and float64 sims (rows, n), then chunks, scores (rows, top_k) and |Q*| per row: -1/-inf/0 filled."""
+    return (
+        np.full((rows, n), -1, dtype=np.int64),
+        np.full((rows, n), -np.inf, dtype=np.float64),
+        np.full((rows, top_k), -1, dtype=np.int64),
+        np.full((rows, top_k), -np.inf, dtype=np.float32),
+        np.zeros(rows, dtype=np.int64),
+    )
+
+
 # reassoc vectorises the dot products (float64 ones change by ~1e-16, far below float32; float32 ones
 # in the last bits, as between any two BLAS builds)
 @numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
@@ -245,11 +257,7 @@ def rescore_and_rank(
     next query's candidate rows load meanwhile. Returns seed ids and sims (best first) and the chunks,
     scores and |Q*| of ``expand_and_rank``; overflowed rows stay empty (-1)."""
     rows = queries.shape[0]
-    seed_ids = np.full((rows, n), -1, dtype=np.int64)
-    seed_sims = np.full((rows, n), -np.inf, dtype=np.float64)
-    out_chunks = np.full((rows, top_k), -1, dtype=np.int64)
-    out_scores = np.full((rows, top_k), -np.inf, dtype=np.float32)
-    out_selected = np.zeros(rows, dtype=np.int64)
+    seed_ids, seed_sims, out_chunks, out_scores, out_selected = _new_outputs(rows, n, top_k)
     floors = np.empty(rows, dtype=np.float32)
     for r in range(rows):  # a candidate must reach its row's final floor (see the module docstring)
         floors[r] = max(threshold - eps[r], best[r, n - 1] - 2 * eps[r])
@@ -287,11 +295,7 @@ def rescore_all_and_rank(queries, nodes, threshold, n, indptr, indices, node_chu
     """``rescore_and_rank`` with every node a candidate: the rows whose near-ties overflowed the
     candidate buffer, ranked by the same float64 numbers (no (rows, N) similarity matrix)."""
     rows = queries.shape[0]
-    seed_ids = np.full((rows, n), -1, dtype=np.int64)
-    seed_sims = np.full((rows, n), -np.inf, dtype=np.float64)
-    out_chunks = np.full((rows, top_k), -1, dtype=np.int64)
-    out_scores = np.full((rows, top_k), -np.inf, dtype=np.float32)
-    out_selected = np.zeros(rows, dtype=np.int64)
+    seed_ids, seed_sims, out_chunks, out_scores, out_selected = _new_outputs(rows, n, top_k)
     for t in numba.prange(n_threads):
         scratch = new_scratch(nodes.shape[0], n_chunks)
         for r in range(t, rows, n_threads):

@@ -478,7 +478,8 @@ class EvalConfig:
 
     def validate(self) -> EvalConfig:
         self.method_list(), self.sweep_list()
-        if self.baseline.partition("@")[0] not in self.method_list():
+        chosen = self.baseline != EvalConfig.baseline  # the default compares nothing when naive is not run
+        if chosen and self.baseline.partition("@")[0] not in self.method_list():
             raise QCGError(f"--baseline {self.baseline} is not among the methods evaluated ({self.methods})")
         if self.limit_per_type is not None and self.limit_per_type < 1:
             raise QCGError(f"--limit-per-type must be >= 1, got {self.limit_per_type}")

@@ -323,6 +323,8 @@ def write_report(
         "",
         markdown_tables(rows, evaluation.types),
     ]
+    if baseline is not None and not differences and len(rows) > 1:
+        md += ["", f"No comparisons: the baseline {baseline} was not evaluated (--baseline names another)."]
     if differences:
         md += [
             "",

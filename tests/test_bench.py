@@ -11,19 +11,46 @@ from qcg_gpu import bench
 from qcg_gpu.bench import BenchConfig
 from qcg_gpu.cli import main
 from qcg_gpu.config import RetrievalConfig
-from qcg_gpu.retrieval import Retriever
+from qcg_gpu.retrieval import Retriever, seed_threshold
 
 from .conftest import sample_docs
+from .reference import reference_search
+
+# Two values closer than this may be ordered either way by float32 GEMMs and sums: each is off by at most
+# d 2^-24 |q| |u| ~ 2.3e-5 at d = 384 (the routes rank by float32 values, our engine by float64 ones).
+TIE = 5e-5
+
+
+def near_tie(index, query, config) -> bool:
+    """Whether a query's exact (float64) numbers leave its seeds or top-K chunks to float32 rounding: a node
+    within TIE of the threshold or of the n-th seed, or two of the K + 1 best chunk means within TIE."""
+    sims = index.node_embeddings.astype(np.float64) @ query.astype(np.float64)
+    threshold = float(seed_threshold(config.gamma))
+    above = np.sort(sims[sims >= threshold])[::-1]
+    if np.any(np.abs(sims - threshold) < TIE) or (
+        len(above) > config.n and above[config.n - 1] - above[config.n] < TIE
+    ):
+        return True
+    graph = (index.node_embeddings, index.knn_indptr, index.knn_indices, index.node_chunk)
+    *_, means = reference_search(*graph, query, config.gamma, config.n, config.hops, index.n_chunks)
+    return bool(np.any(-np.diff(means[: config.top_k + 1]) < TIE))
 
 
 def test_the_routes_a_user_would_write_find_our_chunks():
+    """Every query whose exact numbers are not a near-tie gets the same chunks from our engine, the faiss
+    library route, the torch topk route and the float64 reference; near-ties are few."""
     index = bench.synthetic_index(3000)
     queries = bench.synthetic_queries(index, 300)
     config = RetrievalConfig(gamma=1.5, n=10, hops=1, top_k=5)
     ours = [[c for c in row if c >= 0] for row in Retriever(index, config).search(queries).chunk_ids.tolist()]
-    for route in (bench.LibraryRoute(index), bench.TopkRoute(index)):
-        theirs = route.search(queries, config)
-        assert sum(a == b for a, b in zip(ours, theirs)) >= 0.98 * len(queries)  # near-ties may order differently
+    ties = [near_tie(index, q, config) for q in queries]
+    graph = (index.node_embeddings, index.knn_indptr, index.knn_indices, index.node_chunk)
+    exact = [reference_search(*graph, q, config.gamma, config.n, config.hops, config.top_k)[2] for q in queries]
+    routes = [route.search(queries, config) for route in (bench.LibraryRoute(index), bench.TopkRoute(index))]
+    for q in range(len(queries)):
+        if not ties[q]:
+            assert ours[q] == exact[q] == routes[0][q] == routes[1][q], q
+    assert sum(ties) < 0.15 * len(queries)  # the comparison covers most queries (27 of 300 are near-ties)
     assert sum(map(len, ours)) > 3 * len(queries)  # the queries find seeds: the comparison is not of empty lists
 
 

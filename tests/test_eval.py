@@ -3,6 +3,7 @@ answers and the LLM judge from the real SmolLM2, the report files, and index var
 
 from __future__ import annotations
 
+import csv
 import json
 
 import numpy as np
@@ -149,8 +150,15 @@ def test_eval_answers_judges_and_reports(small_index, questions_file, vllm_backe
         hop1["R@5"] == qcg_row["R@5"] and hop1["RR@5"] == qcg_row["RR@5"]
     )  # the sweep's default point is the main run
 
-    paths = write_report(evaluation, tmp_path / "report", {"dataset": "fixture"}, ["a problem"])
+    paths = write_report(evaluation, tmp_path / "report", {"dataset": "fixture"}, ["a problem"], "naive")
     assert all(p.exists() and p.stat().st_size > 0 for p in paths)
+    compared = {(r["method"], r["metric"]): r for r in csv.DictReader(open(tmp_path / "report" / "comparisons.csv"))}
+    assert {method for method, _ in compared} == {"d2q", "d2q-minus", "qcg", "qcg-q"}
+    # each row pairs the questions both scored: every one for answers, those with evidence for retrieval
+    scored = {"judge": 3, "judge_single": 2, "judge_null": 1, "f1": 3, "R@5": 2, "R@5_single": 2}
+    for method in ("d2q", "qcg", "qcg-q"):
+        assert {metric: int(compared[(method, metric)]["questions"]) for metric in scored} == scored
+        assert (method, "R@5_null") not in compared  # no evidence: nothing to compare
     lines = [json.loads(line) for line in (tmp_path / "report" / "results.jsonl").read_text().splitlines()]
     assert len(lines) == len(records) and lines[-1]["R@5"] is None  # NaN written as null: valid JSON
     summary = (tmp_path / "report" / "summary.md").read_text()
@@ -215,6 +223,13 @@ def test_eval_cli_retrieval_only(small_index, questions_file, tmp_path, cli):
     rows = (out / "sweep_seeds.csv").read_text().splitlines()
     assert rows[0].startswith("gamma,n,") and len(rows) == 1 + 8
     assert (out / "sweep_seeds.png").exists()
+    # a compared index's rows are compared with the baseline too; the same index twice: no difference
+    compared = {(r["method"], r["metric"]): r for r in csv.DictReader(open(out / "comparisons.csv"))}
+    assert float(compared[("qcg@again", "R@5")]["delta"]) == float(compared[("qcg", "R@5")]["delta"])
+    assert (
+        float(compared[("naive@again", "R@5")]["delta"]) == 0 and compared[("naive@again", "R@5")]["p_value"] == "1.0"
+    )
+    assert "### Differences from naive (points)" in result.stdout
 
 
 def test_eval_cli_bad_input(small_index, questions_file, tmp_path, cli):

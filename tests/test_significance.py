@@ -121,6 +121,9 @@ def test_a_report_carries_the_comparisons(dev_run):
     again = write_report(evaluation, report.parent / "again", {}, [], baseline="naive")
     assert (report.parent / "again" / "comparisons.csv").read_text() == (report / "comparisons.csv").read_text()
     assert again[3].name == "comparisons.csv"
+    write_report(evaluation, report.parent / "other", {}, [], baseline="d2q")  # not evaluated in this run
+    assert not (report.parent / "other" / "comparisons.csv").exists()
+    assert "No comparisons: the baseline d2q was not evaluated" in (report.parent / "other" / "summary.md").read_text()
 
 
 def test_a_baseline_that_is_not_evaluated_is_refused():
@@ -129,3 +132,4 @@ def test_a_baseline_that_is_not_evaluated_is_refused():
     with pytest.raises(QCGError, match="--baseline d2q is not among the methods"):
         EvalConfig(methods="naive,qcg", baseline="d2q").validate()
     EvalConfig(methods="naive,qcg", baseline="naive@c512").validate()  # a --compare-index row of naive
+    EvalConfig(methods="qcg,d2q").validate()  # the default baseline, not run: no comparisons, no refusal

@@ -22,6 +22,13 @@ INT8_MAX = 127.0
 INT8_OUTPUT_ROUNDOFF = 2.0**-21
 
 
+def max_row_norm(nodes: np.ndarray) -> float:
+    """max |u| over the nodes (float64, in blocks: a memory map is never copied whole): the node side of
+    the float32 bound."""
+    blocks = (np.asarray(nodes[s : s + 65536], np.float64) for s in range(0, len(nodes), 65536))
+    return max((float(np.linalg.norm(block, axis=1).max()) for block in blocks), default=0.0)
+
+
 def bf16_rounding(nodes: np.ndarray, nodes_bf16) -> tuple[float, float]:
     """max |u| and max |u - bf16(u)| over the nodes (float64, in blocks): the node side of the bound."""
     norm = residual = 0.0

@@ -23,6 +23,7 @@ from .bounds import (
     float32_roundoff,
     int8_node_scale,
     int8_row_scales,
+    max_row_norm,
 )
 from .index import QCGIndex
 from .result import RetrievalResult, seed_threshold
@@ -243,13 +244,7 @@ class Float32Prefilter(Prefilter):
     def __init__(self, index: QCGIndex, graph: tuple | None = None):
         super().__init__(index, graph)
         nodes = index.node_embeddings
-        self.node_norm = max(
-            (
-                float(np.linalg.norm(np.asarray(nodes[s : s + 65536], np.float64), axis=1).max())
-                for s in range(0, len(nodes), 65536)
-            ),
-            default=0.0,
-        )
+        self.node_norm = max_row_norm(nodes)
         self.roundoff = float32_roundoff(nodes.shape[1])
         self._out: np.ndarray | None = None  # the GEMM's output tile, reused: a fresh one costs page faults
         self._gemm = float32_gemm(nodes)

@@ -18,7 +18,7 @@ import numpy as np
 from ..capabilities import ieee_float32_matmul, require
 from ..config import RetrievalConfig
 from ..errors import QCGError
-from .bounds import bf16_error_bound, bf16_rounding, bound_from_norms, float32_roundoff
+from .bounds import bf16_error_bound, bf16_rounding, bound_from_norms, float32_roundoff, max_row_norm
 from .index import QCGIndex
 from .result import SIMILARITY_TILE_ELEMENTS, RetrievalResult, seed_threshold, tile_rows
 
@@ -52,7 +52,7 @@ class TorchBackend:
         if self.bf16:
             self.node_norm, self.node_residual = bf16_rounding(index.node_embeddings, self.nodes_low)
         else:
-            self.node_norm, self.node_residual = float(self.nodes.double().norm(dim=1).max()) if n else 0.0, 0.0
+            self.node_norm, self.node_residual = max_row_norm(index.node_embeddings), 0.0
         self.fallback_rows = 0  # queries whose candidates did not fit the top-k (rescored over every node)
         on_gpu = self.device.type == "cuda"  # big GPUs take 1 GiB similarity blocks and 4096-query tiles
         self.tile_rows, elements = (4096, 4 * SIMILARITY_TILE_ELEMENTS) if on_gpu else (256, SIMILARITY_TILE_ELEMENTS)
