@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+
 from . import significance
 from .answer import answer_from_chunks
 from .config import ABLATIONS, BASELINES, INDEX_PARAMETERS, SWEEPS, AnswerConfig, EvalConfig
@@ -187,7 +189,10 @@ class Harness:
                 record["judge_unparsed"] = True  # counted incorrect, and reported
 
     def sweep(self, name: str, config: EvalConfig) -> list[dict]:
+        """One row per point: summary.csv's columns, and a 95% bootstrap interval (``METRIC_ci_low`` and
+        ``_ci_high``) for each metric overall, drawn as error bars in the plot."""
         rows: list[dict] = []
+        rng = np.random.default_rng(significance.SEED)
         variant, variant_key = self.index, dict[str, float]()
         for point in progress_bar(SWEEPS[name], desc=f"sweep {name}"):
             index_params = {k: v for k, v in point.items() if k in INDEX_PARAMETERS}
@@ -198,7 +203,11 @@ class Harness:
             records = self.score_retrieval("qcg", self.retrieve("qcg", variant, retrieval), point)
             if config.sweep_answers and config.answers:
                 self.score_answers(records, config.judge)
-            rows.append({**point, **summarize(records, self.types)[0]})
+            row = {**point, **summarize(records, self.types)[0]}
+            for metric in metric_names(records):
+                values = np.array([r[metric] for r in records if significance.is_number(r.get(metric))])
+                row[f"{metric}_ci_low"], row[f"{metric}_ci_high"] = significance.mean_ci(values, rng)
+            rows.append(row)
         return rows
 
 
@@ -350,11 +359,24 @@ def write_report(
         _write_csv(out / f"sweep_{name}.csv", sweep_rows)
         plot_sweep(name, sweep_rows, out / f"sweep_{name}.png")
         written += [out / f"sweep_{name}.csv", out / f"sweep_{name}.png"]
-        md += ["", f"### Sweep: {name}", "", f"![{name}](sweep_{name}.png)"]
+        md += ["", f"### Sweep: {name}", "", _selected_on_dev(sweep_rows), "", f"![{name}](sweep_{name}.png)"]
     if problems:
         md += ["", "### Data problems found and handled", "", *[f"- {p}" for p in problems]]
     written[1].write_text("\n".join(md) + "\n", encoding="utf-8")
     return written + write_runs(evaluation, out)
+
+
+def _selected_on_dev(rows: list[dict]) -> str:
+    """How many settings a sweep tried, and its best by the first metric, flagged as picked on these questions."""
+    metric = next(k for k in rows[0] if k.partition("@")[2].isdigit() or k in ANSWER_METRICS)
+    best = max(rows, key=lambda row: row[metric])
+    setting = ", ".join(f"{k} = {v}" for k, v in best.items() if k in ("hops", "knn_k", "alpha", "gamma", "n"))
+    interval = f"[{_pct(best[f'{metric}_ci_low'])}, {_pct(best[f'{metric}_ci_high'])}]"
+    return (
+        f"{len(rows)} settings tried; the best by {metric}, {setting}: {_pct(best[metric])} {interval}, selected on "
+        "these questions: the best of many on a small split is partly luck, so confirm it once on questions it was "
+        "not picked on (benchmarks/lihuaworld/run.sh confirm)."
+    )
 
 
 def write_runs(evaluation: Evaluation, out: Path) -> list[Path]:

@@ -1,4 +1,5 @@
-"""Sweep plots like the paper's Figures 3-6: one panel per metric, the swept parameter on x."""
+"""Sweep plots like the paper's Figures 3-6: one panel per metric, the swept parameter on x, each point
+with its 95% bootstrap interval as an error bar."""
 
 from __future__ import annotations
 
@@ -25,10 +26,15 @@ def plot_sweep(name: str, rows: list[dict], path: str | Path) -> None:
     for ax, metric in zip(axes[0], metrics):
         for value in dict.fromkeys(row.get(series) for row in rows):
             line = [row for row in rows if row.get(series) == value]
-            ax.plot(
+            y = [100 * row[metric] for row in line]
+            low = [100 * row.get(f"{metric}_ci_low", row[metric]) for row in line]
+            high = [100 * row.get(f"{metric}_ci_high", row[metric]) for row in line]
+            ax.errorbar(  # the bars: each point's 95% bootstrap interval over the questions
                 [row[x] for row in line],
-                [100 * row[metric] for row in line],
+                y,
+                yerr=[[a - b for a, b in zip(y, low)], [b - a for a, b in zip(y, high)]],
                 marker="o",
+                capsize=3,
                 label=f"{series} = {value}" if series else None,
             )
         ax.set_xlabel({"knn_k": "k (kNN neighbours)", "n": "n (most seed nodes)", "hops": "h (hops)"}.get(x, x))

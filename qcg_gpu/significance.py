@@ -44,6 +44,11 @@ def paired_bootstrap_ci(diffs: np.ndarray, rng: np.random.Generator, resamples: 
     return float(low), float(high)
 
 
+def mean_ci(values: np.ndarray, rng: np.random.Generator) -> tuple[float, float]:
+    """The 95% bootstrap interval of the mean of one method's per-question values (a sweep point's)."""
+    return paired_bootstrap_ci(values, rng) if len(values) else (math.nan, math.nan)
+
+
 def sign_flip_p(diffs: np.ndarray, rng: np.random.Generator, resamples: int = RESAMPLES) -> float:
     """Two-sided p of the paired randomization test: the share of sign patterns whose mean difference is
     at least as far from zero as the observed one (all 2^n patterns for n <= EXACT_UP_TO, else
@@ -122,8 +127,8 @@ def comparisons(records: list[dict], baseline: str, metrics: list[str], types: l
                     for q in mine
                     if q in base
                     and (qtype is None or mine[q]["type"] == qtype)
-                    and _number(mine[q].get(metric))
-                    and _number(base[q].get(metric))
+                    and is_number(mine[q].get(metric))
+                    and is_number(base[q].get(metric))
                 ]
                 if qtype is not None and not pairs:
                     continue  # a metric that does not apply to this type (Null questions have no evidence)
@@ -135,5 +140,5 @@ def comparisons(records: list[dict], baseline: str, metrics: list[str], types: l
     return rows
 
 
-def _number(value) -> bool:
+def is_number(value) -> bool:
     return isinstance(value, (int, float)) and not math.isnan(value)

@@ -222,6 +222,9 @@ def test_eval_cli_retrieval_only(small_index, questions_file, tmp_path, cli):
     assert (out / "runs" / "naive@again.chunks.run").exists() and (out / "qrels.chunks.txt").read_text()
     rows = (out / "sweep_seeds.csv").read_text().splitlines()
     assert rows[0].startswith("gamma,n,") and len(rows) == 1 + 8
+    for point in csv.DictReader(open(out / "sweep_seeds.csv")):  # each point with its interval (error bars)
+        assert float(point["R@5_ci_low"]) <= float(point["R@5"]) <= float(point["R@5_ci_high"])
+    assert "8 settings tried; the best by R@5" in result.stdout and "selected on these questions" in result.stdout
     assert (out / "sweep_seeds.png").exists()
     # a compared index's rows are compared with the baseline too; the same index twice: no difference
     compared = {(r["method"], r["metric"]): r for r in csv.DictReader(open(out / "comparisons.csv"))}

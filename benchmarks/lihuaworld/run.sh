@@ -3,6 +3,12 @@
 #
 #   benchmarks/lihuaworld/run.sh [retrieval|answers|all] [REPLIES.parquet ...]
 #       (default: all, over every committed replies-*.parquet that covers the whole corpus)
+#   benchmarks/lihuaworld/run.sh confirm SPLIT.json [REPLIES.parquet ...]
+#       one setting chosen on dev (CONFIRM_OPTIONS, default "--gamma 1.0 --hops 0", the dev sweeps' best),
+#       evaluated once against naive RAG on another split's questions (LiHuaWorld's format, in a folder
+#       beside the corpus's docs/), retrieval only, into benchmarks/lihuaworld/NAME/confirm/: its
+#       comparisons.csv says whether the dev gain holds. Keep that split for this one look: a setting
+#       tuned on it is selected on it.
 #
 # For each generation NAME (replies-NAME.parquet):
 # 1. Rebuilds the whole-corpus index from the stored replies: no LLM is loaded, only the embedder
@@ -35,6 +41,10 @@ DATA=${DATA:-../shared/data/lihuaworld}
 OUT=${OUT:-benchmarks/out/lihuaworld}
 WHAT=${1:-all}
 shift || true
+if [[ $WHAT == confirm ]]; then
+    SPLIT=${1:?usage: run.sh confirm SPLIT.json [REPLIES.parquet ...]}
+    shift
+fi
 GENERATIONS=("$@")
 [ ${#GENERATIONS[@]} -gt 0 ] || GENERATIONS=(benchmarks/lihuaworld/replies-*.parquet)
 
@@ -58,6 +68,11 @@ for replies in "${GENERATIONS[@]}"; do
         /usr/bin/time -f "$name retrieval eval: %e s wall" qcg eval --dataset lihuaworld --data "$DATA" \
             --index "$work/index" --compare-index "truncate=$work/index-truncate" --out "$results/retrieval" \
             --no-answers --quiet --methods naive,d2q,d2q-minus,qcg,qcg-q,qcg-a,qcg-sentence --sweeps hops,knn,seeds,alpha
+    fi
+    if [[ $WHAT == confirm ]]; then
+        # shellcheck disable=SC2086  # CONFIRM_OPTIONS holds several options
+        qcg eval --dataset lihuaworld --data "$SPLIT" --index "$work/index" --out "$results/confirm" --no-answers \
+            --quiet --methods naive,qcg ${CONFIRM_OPTIONS:---gamma 1.0 --hops 0}
     fi
     if [[ $WHAT == answers || $WHAT == all ]]; then
         answers="benchmarks/lihuaworld/answers-$name.parquet"
