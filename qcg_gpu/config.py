@@ -24,6 +24,8 @@ NODE_MODES = ("qa", "q", "a", "sentence")
 BEFORE_OPTION = {"nodes": {"long_texts": "truncate"}}
 # The sections whose settings decide the LLM replies (the chunk texts, the prompt, the sampling).
 REPLY_SECTIONS = ("chunking", "generation")
+# Files of the machine that ran a build: a manifest records their names only, and they are never read back.
+MACHINE_PATHS = {"generation": ("cache", "replies_in", "replies_out")}
 
 
 def option(default, help: str, choices=None, flag: str | None = None, runtime: bool = False):
@@ -342,6 +344,7 @@ class IndexConfig:
         for name in cls.SECTIONS:
             stored, section = settings.get(name), getattr(cls(), name)
             known = result_fields(section) if results_only else [f.name for f in dataclasses.fields(section)]
+            known = [key for key in known if key not in MACHINE_PATHS.get(name, ())]
             values[name] = {key: value for key, value in (stored or {}).items() if key in known}
             for key, value in BEFORE_OPTION.get(name, {}).items():
                 if stored is not None and key not in stored:  # recorded before the option existed

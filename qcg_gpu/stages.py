@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from .chunking import Chunk, chunk_document, load_tokenizer
-from .config import IndexConfig, NodeConfig
+from .config import MACHINE_PATHS, IndexConfig, NodeConfig
 from .doc2query_minus import keep_mask
 from .documents import SkipLog, read_documents
 from .embedding import Embedder
@@ -325,9 +325,10 @@ def build_manifest(config: IndexConfig, summary: IndexSummary, llm_name: str | N
     one used, or what describes it (its model_name, dim, max_tokens and batch_size)."""
     settings = config.to_dict()
     settings["nodes"]["embed_batch_size"] = embedder.batch_size  # what was used: a passed-in embedder may differ
-    for name in ("cache", "replies_in", "replies_out"):  # files of this machine: their names only travel
-        if settings["generation"][name]:
-            settings["generation"][name] = Path(settings["generation"][name]).name
+    for section, names in MACHINE_PATHS.items():  # files of this machine: their names only travel
+        for name in names:
+            if settings[section][name]:
+                settings[section][name] = Path(settings[section][name]).name
     return {
         "created_unix": time.time(),
         "settings": settings,

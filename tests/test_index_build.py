@@ -86,6 +86,7 @@ def test_index_on_disk_format(built, embedder):
     assert manifest["counts"]["chunks"] == 4 and manifest["settings"]["generation"]["m"] == M
     assert manifest["settings"]["generation"]["cache"] == "cache.sqlite"  # its name, not this machine's path
     assert str(index.parent) not in json.dumps(manifest["settings"])
+    assert IndexConfig.from_dict(manifest["settings"]).generation.cache is None  # never read back as a path
     assert manifest["models"]["llm"].startswith("SmolLM2") and manifest["models"]["embedder"].startswith("all-MiniLM")
     assert manifest["llm_tokens"]["output"] > 0 and manifest["llm_tokens"]["prompt"] > 0
     assert set(manifest["stage_seconds"]) >= {"chunk", "generate", "embed", "knn"}
