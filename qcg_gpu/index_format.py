@@ -49,7 +49,8 @@ class ArrayParts:
     parts: Iterable[np.ndarray]
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file, read in 4 MiB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         while block := fh.read(1 << 22):
@@ -141,7 +142,7 @@ class IndexWriter:
                     pending = pending.slice(ROW_GROUP_ROWS)
             if pending.num_rows:
                 writer.write_table(pending, row_group_size=ROW_GROUP_ROWS)
-        self.files[f"{name}.parquet"] = _sha256(self.data / f"{name}.parquet")
+        self.files[f"{name}.parquet"] = file_sha256(self.data / f"{name}.parquet")
 
     def write_array(self, name: str, array: np.ndarray | ArrayParts) -> None:
         """An array, whole or as :class:`ArrayParts` (the same .npy file either way)."""
@@ -156,7 +157,7 @@ class IndexWriter:
                 rows += len(part)
         if rows != array.shape[0]:
             raise QCGError(f"{name}: {rows} rows written, {array.shape[0]} announced")
-        self.files[f"{name}.npy"] = _sha256(self.data / f"{name}.npy")
+        self.files[f"{name}.npy"] = file_sha256(self.data / f"{name}.npy")
 
     def commit(self, manifest: dict) -> Path:
         if self.root == self.out:  # replacing a live index: not in the middle of another writer's update
@@ -267,7 +268,7 @@ def verify_file(index: str | Path, filename: str, manifest: dict) -> None:
         raise QCGError(f"index {index}: {filename} is not listed in manifest.json")
     if not path.exists():
         raise QCGError(f"index {index} is missing {filename}")
-    if _sha256(path) != expected:
+    if file_sha256(path) != expected:
         raise QCGError(
             f"index {index}: {filename} does not match its checksum in manifest.json "
             f"(corrupt, or changed after it was written); run: qcg check {index}"

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .capabilities import require
 from .errors import QCGError
+from .index_format import file_sha256
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2 (bundled)"
 
@@ -209,6 +210,16 @@ def _join_checked(parts: list[Path], target: Path, sha256: str | None) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _move_into_place(folder: Path, target: Path) -> None:
+    """A finished model folder renamed to ``target`` (atomic); if another process got there first, its stays."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(folder, target)
+    except OSError:
+        if not (target / "config.json").exists():
+            raise
+
+
 def unpack_checked(archive: Path, target: Path, weights_sha256: str | None) -> None:
     """Unpack an embedder's zip (one top folder holding a sentence-transformers model) into ``target``,
     atomically, refusing weights whose sha256 is not the published one."""
@@ -220,24 +231,11 @@ def unpack_checked(archive: Path, target: Path, weights_sha256: str | None) -> N
             zipped.extractall(tmp)
         [folder] = [p for p in tmp.iterdir() if p.is_dir()]
         weights = folder / "model.safetensors"
-        if weights_sha256 and _sha256(weights) != weights_sha256:
+        if weights_sha256 and file_sha256(weights) != weights_sha256:
             raise QCGError(f"{archive.name}: its model.safetensors is not the published one; reinstall the model")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.replace(folder, target)
-        except OSError:
-            if not (target / "config.json").exists():  # else another process unpacked it first
-                raise
+        _move_into_place(folder, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 24):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def convert_gguf(gguf: Path, target: Path) -> None:
@@ -261,11 +259,6 @@ def convert_gguf(gguf: Path, target: Path) -> None:
             del model.config.quantization_config
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            if not (target / "config.json").exists():  # else another process converted it first
-                raise
+        _move_into_place(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -13,7 +13,7 @@ from qcg_gpu import build_index
 from qcg_gpu.check import check_index
 from qcg_gpu.config import IndexConfig
 from qcg_gpu.errors import QCGError
-from qcg_gpu.index_format import _sha256, data_dir
+from qcg_gpu.index_format import data_dir, file_sha256
 from qcg_gpu.retrieval import QCGIndex
 
 from .conftest import sample_docs
@@ -41,7 +41,7 @@ def _rewrite(index, name: str, array: np.ndarray) -> None:
     """Replace an array and record its new checksum: a consistent-looking but wrong index (a bad hand edit)."""
     np.save(data_dir(index) / f"{name}.npy", array)
     manifest = json.loads((index / "manifest.json").read_text())
-    manifest["files"][f"{name}.npy"] = _sha256(data_dir(index) / f"{name}.npy")
+    manifest["files"][f"{name}.npy"] = file_sha256(data_dir(index) / f"{name}.npy")
     (index / "manifest.json").write_text(json.dumps(manifest))
 
 

