@@ -346,7 +346,8 @@ def test_retry_regenerates_only_the_failed_chunks_and_equals_a_rebuild(tmp_path,
     assert report.returncode == 0 and f"FAILED document {failed_doc}: RuntimeError: engine died" in report.stdout
 
     llm = Recording(vllm_backend)
-    summary = retry_failed(tmp_path / "idx", llm=llm, embedder=embedder)
+    # its options name the build's cache (a manifest keeps no machine paths): the other chunks' replies are there
+    summary = retry_failed(tmp_path / "idx", config, llm=llm, embedder=embedder)
     assert llm.asked == [1] and summary.generated_chunks == 1 and summary.documents == 1  # the rest from the cache
     repaired = read_manifest(tmp_path / "idx")
     assert repaired["failed_documents"] == {} and repaired["counts"]["chunks_failed"] == 0
