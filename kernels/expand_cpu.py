@@ -9,8 +9,9 @@ chunk's nodes in Q*; the K best chunks win, ties by lower chunk id.
 
 Threads take queries round-robin and keep their scratch arrays (visit stamps,
 chunk sums) across queries, so nothing of size N is cleared per query.
-``rank_query`` is the per-query step; the bf16 path calls it from
-``prefilter_cpu.rescore_and_rank`` right after a query's seeds are rescored.
+``rank_query`` is the per-query step; ``prefilter_cpu.rescore_and_rank`` (every precision, float32
+included) calls it right after a query's seeds are rescored, and ``rescore_all_and_rank`` after a
+row of near-ties is rescored over every node.
 """
 
 from __future__ import annotations
@@ -94,31 +95,3 @@ def rank_query(mark, seeds, query, indptr, indices, nodes, node_chunk, hops, scr
             scores_out[pos] = score
             chunks_out[pos] = c
     return size
-
-
-# reassoc lets LLVM vectorise the dot products (a different summation order: results move in
-# the last float32 bits, as they do between any two BLAS builds).
-@numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
-def expand_and_rank(seed_ids, indptr, indices, nodes, queries, node_chunk, n_chunks, hops, top_k, n_threads):
-    """``rank_query`` for every row of ``seed_ids`` (-1 padded); threads take queries round-robin."""
-    n_queries = seed_ids.shape[0]
-    out_chunks = np.full((n_queries, top_k), -1, dtype=np.int64)
-    out_scores = np.full((n_queries, top_k), -np.inf, dtype=np.float32)
-    out_selected = np.zeros(n_queries, dtype=np.int64)
-    for t in numba.prange(n_threads):
-        scratch = new_scratch(nodes.shape[0], n_chunks)
-        for b in range(t, n_queries, n_threads):
-            out_selected[b] = rank_query(
-                np.int32(b + 1),
-                seed_ids[b],
-                queries[b],
-                indptr,
-                indices,
-                nodes,
-                node_chunk,
-                hops,
-                scratch,
-                out_chunks[b],
-                out_scores[b],
-            )
-    return out_chunks, out_scores, out_selected

@@ -255,7 +255,7 @@ def rescore_and_rank(
     """Exact seeds of each non-overflowed row, then its expansion and top-K chunks (``expand_cpu.rank_query``),
     one query after the other: the seeds' rows are still in cache when the expansion scores them, and the
     next query's candidate rows load meanwhile. Returns seed ids and sims (best first) and the chunks,
-    scores and |Q*| of ``expand_and_rank``; overflowed rows stay empty (-1)."""
+    top-K chunks, scores and |Q*| per row; overflowed rows stay empty (-1)."""
     rows = queries.shape[0]
     seed_ids, seed_sims, out_chunks, out_scores, out_selected = _new_outputs(rows, n, top_k)
     floors = np.empty(rows, dtype=np.float32)
