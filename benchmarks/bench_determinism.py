@@ -7,7 +7,7 @@ alternating so both see the same machine:
 
 - ``async``: vLLM's default, each request's JSON grammar compiled on a thread pool; a request joins
   an engine step only once its grammar is ready, so which requests share a step depends on timing;
-- ``in_step``: grammars compiled as requests arrive (``qcg_gpu.llm.compile_grammars_in_step``,
+- ``in_step``: grammars compiled as requests arrive (``qcg_gpu.llm.backends.compile_grammars_in_step``,
   what qcg does), so the same requests give the same steps.
 
 Before every run the engine's prefix cache is emptied, so each run starts as a fresh process would.
@@ -23,12 +23,12 @@ import statistics
 import time
 from pathlib import Path
 
-from qcg_gpu import doc2query
+from qcg_gpu.build import doc2query
+from qcg_gpu.build.documents import SkipLog
+from qcg_gpu.build.stages import IndexSummary, iter_chunks
 from qcg_gpu.capabilities import cpu_kind
 from qcg_gpu.config import IndexConfig
-from qcg_gpu.documents import SkipLog
-from qcg_gpu.llm import VLLMBackend
-from qcg_gpu.stages import IndexSummary, iter_chunks
+from qcg_gpu.llm.backends import VLLMBackend
 
 DOCS = Path(__file__).resolve().parents[1] / "examples" / "lihuaworld_sample" / "docs"
 

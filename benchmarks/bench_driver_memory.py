@@ -49,12 +49,12 @@ def write_inputs(root: Path, n: int, pairs: int) -> tuple[Path, Path]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from qcg_gpu import doc2query
-    from qcg_gpu.cache import SETTINGS_KEY
-    from qcg_gpu.documents import SkipLog
-    from qcg_gpu.generation import reply_settings
-    from qcg_gpu.llm import llm_name
-    from qcg_gpu.stages import IndexSummary, iter_chunks
+    from qcg_gpu.build import doc2query
+    from qcg_gpu.build.documents import SkipLog
+    from qcg_gpu.build.generation import reply_settings
+    from qcg_gpu.build.stages import IndexSummary, iter_chunks
+    from qcg_gpu.llm.backends import llm_name
+    from qcg_gpu.llm.cache import SETTINGS_KEY
 
     docs, replies = root / "docs.jsonl", root / "replies.parquet"
     with open(docs, "w") as fh:
@@ -122,8 +122,8 @@ def one_build(mode: str, root: Path, pairs: int, workers: int, shard_chunks: int
         import torch
 
         torch.set_num_threads(1)  # the workers take the driver's thread count: one core each, as Ray shares them
+        from qcg_gpu.build.distributed import RayCluster
         from qcg_gpu.config import RayConfig
-        from qcg_gpu.distributed import RayCluster
 
         cluster = RayCluster(RayConfig(ray=True, ray_workers=workers, ray_shard_chunks=shard_chunks))
     sampler = PeakSampler()

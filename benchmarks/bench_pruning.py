@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from qcg_gpu.bench import synthetic_index, synthetic_queries
 from qcg_gpu.capabilities import cpu_kind, require
-from qcg_gpu.datasets import load_dataset
+from qcg_gpu.eval.bench import synthetic_index, synthetic_queries
+from qcg_gpu.eval.datasets import load_dataset
 from qcg_gpu.query import index_embedder
 from qcg_gpu.retrieval import QCGIndex
 

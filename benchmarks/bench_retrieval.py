@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from qcg_gpu.bench import DIM, LibraryRoute, TopkRoute, synthetic_index
-from qcg_gpu.bench import synthetic_queries as make_queries
 from qcg_gpu.capabilities import WITH_FAISS, cpu_kind
+from qcg_gpu.eval.bench import DIM, LibraryRoute, TopkRoute, synthetic_index
+from qcg_gpu.eval.bench import synthetic_queries as make_queries
 from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever, seed_threshold
 from qcg_gpu.retrieval.numpy_backend import NumpyBackend
 from qcg_gpu.retrieval.result import tile_rows

@@ -2,7 +2,7 @@
 docstring paragraphs of installed Python packages (torch, transformers, scipy, ...), up to
 ``--count`` texts (cut at 240 characters, shuffled), embedded by the bundled all-MiniLM-L6-v2 in
 bf16. Their similarities have the spectrum and spread of real text, which the synthetic clusters
-of ``qcg_gpu.bench`` do not (issue 18: how wide are the prefilters' candidate windows on them?).
+of ``qcg_gpu.eval.bench`` do not (issue 18: how wide are the prefilters' candidate windows on them?).
 
     python benchmarks/real_embeddings.py --count 110000 --out benchmarks/out/real.npy   # ~3 min on 2 cores
     python benchmarks/bench_retrieval.py --embeddings benchmarks/out/real.npy --nodes 100000 --batch 10000

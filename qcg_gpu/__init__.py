@@ -15,8 +15,8 @@ __version__ = "0.1.0"
 
 
 def build_index(*args, **kwargs):
-    """See :func:`qcg_gpu.pipeline.build_index` (imported lazily: it pulls in torch)."""
-    from .pipeline import build_index as _build_index
+    """See :func:`qcg_gpu.build.pipeline.build_index` (imported lazily: it pulls in torch)."""
+    from .build.pipeline import build_index as _build_index
 
     return _build_index(*args, **kwargs)
 

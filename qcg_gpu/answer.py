@@ -3,9 +3,9 @@ the context capped at ``max_context_tokens``; all questions in one batched call.
 
 from __future__ import annotations
 
-from .chunking import load_tokenizer
+from .build.chunking import load_tokenizer
 from .config import AnswerConfig, prompt_text
-from .llm import Completion, LLMBackend, SamplingSpec
+from .llm.backends import Completion, LLMBackend, SamplingSpec
 
 ABSTAIN = "Insufficient information"
 

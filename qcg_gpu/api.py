@@ -17,7 +17,7 @@ from typing import cast
 
 from .config import AnswerConfig, GenerationConfig, RetrievalConfig
 from .errors import QCGError
-from .llm import LLMBackend
+from .llm.backends import LLMBackend
 
 
 @dataclass
@@ -100,7 +100,7 @@ class QCGRag:
         where gold documents or answers are given, score: the retrieval metrics (``R@K``, ...) over
         the questions with gold documents, exact match and token F1 against the best gold answer."""
         from .answer import answer_from_chunks
-        from .metrics import best_over, exact_match, retrieval_scores, token_f1
+        from .eval.metrics import best_over, exact_match, retrieval_scores, token_f1
 
         solutions: list[QuerySolution]
         if questions and all(isinstance(q, QuerySolution) for q in questions):
@@ -139,7 +139,7 @@ class QCGRag:
     def llm(self) -> LLMBackend:
         """The answering LLM, loaded on first use."""
         if not isinstance(self._llm, LLMBackend):
-            from .llm import make_backend
+            from .llm.backends import make_backend
 
             self._llm = make_backend(self._llm or GenerationConfig())
         return self._llm

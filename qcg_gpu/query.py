@@ -14,9 +14,9 @@ from .answer import answer_from_chunks
 from .config import AnswerConfig, IndexConfig
 from .embedding import Embedder
 from .errors import QCGError
+from .eval.runfiles import Ranking, chunk_docno, document_ranking
 from .models import DEFAULT_EMBEDDER
 from .retrieval import QCGIndex, RetrievalConfig, RetrievalResult, trace_query
-from .runfiles import Ranking, chunk_docno, document_ranking
 
 
 def check_output_file(path: str | Path | None) -> None:

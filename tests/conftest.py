@@ -56,7 +56,7 @@ def few_docs(tmp_path) -> Path:
 @pytest.fixture(scope="session")
 def vllm_backend():
     from qcg_gpu.config import GenerationConfig
-    from qcg_gpu.llm import VLLMBackend
+    from qcg_gpu.llm.backends import VLLMBackend
 
     return VLLMBackend(GenerationConfig())
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from qcg_gpu import QCGError, QCGRag, RetrievalConfig
+from qcg_gpu.eval.metrics import evidence_recall, exact_match, reciprocal_rank, token_f1
 from qcg_gpu.index_format import load_table
-from qcg_gpu.metrics import evidence_recall, exact_match, reciprocal_rank, token_f1
 from qcg_gpu.retrieval import QCGIndex, search
 
 from .conftest import REPO
@@ -69,7 +69,7 @@ def test_rag_qa_answers_and_scores(rag):
 def test_the_readme_example_runs_and_its_results_hold(small_index, vllm_backend, embedder, monkeypatch, capsys):
     readme = (REPO / "README.md").read_text()
     [example] = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "QCGRag(" in b]
-    monkeypatch.setattr("qcg_gpu.llm.make_backend", lambda config: vllm_backend)  # the session's engine
+    monkeypatch.setattr("qcg_gpu.llm.backends.make_backend", lambda config: vllm_backend)  # the session's engine
     code = example.replace('"index/"', repr(str(small_index))).replace("week1/", "")  # the small index's doc ids
     names: dict = {}
     exec(compile(code, "README.md", "exec"), names)

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from qcg_gpu import bench
-from qcg_gpu.bench import BenchConfig
 from qcg_gpu.cli import main
 from qcg_gpu.config import RetrievalConfig
+from qcg_gpu.eval import bench
+from qcg_gpu.eval.bench import BenchConfig
 from qcg_gpu.retrieval import Retriever, seed_threshold
 
 from .conftest import sample_docs

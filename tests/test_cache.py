@@ -1,6 +1,6 @@
 import sqlite3
 
-from qcg_gpu.cache import GenerationCache
+from qcg_gpu.llm.cache import GenerationCache
 
 
 def test_roundtrip_and_persistence(tmp_path):
@@ -38,7 +38,7 @@ def test_a_stored_generation_is_written_and_read_in_batches(tmp_path):
     keys left out, with the settings; a fresh cache reads every one back."""
     import pyarrow.parquet as pq
 
-    from qcg_gpu.cache import STREAM_ROWS, stored_settings
+    from qcg_gpu.llm.cache import STREAM_ROWS, stored_settings
 
     n = 2 * STREAM_ROWS + 5
     cache = GenerationCache(tmp_path / "c.sqlite")
@@ -60,7 +60,7 @@ def test_unreadable_stored_rows_are_counted_and_reported(tmp_path, capsys):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from qcg_gpu.cache import ReplyStore
+    from qcg_gpu.llm.cache import ReplyStore
 
     path = tmp_path / "replies.parquet"
     values = ['{"text": "fine"}', "{not json", '{"no_text": 1}', '{"text": "also fine"}']

@@ -57,8 +57,8 @@ def test_only_qcg_errors_become_one_line_messages(monkeypatch, capsys):
 
 
 def test_quiet_silences_stage_messages_and_progress_bars(capsys):
+    from qcg_gpu.build.stages import IndexSummary, stage
     from qcg_gpu.log import progress_bar, quiet
-    from qcg_gpu.stages import IndexSummary, stage
 
     try:
         quiet(True)
@@ -172,10 +172,10 @@ def test_a_file_written_by_init_changes_nothing_by_itself(tmp_path, command):
 def test_a_stored_generation_overrides_the_config_file(tmp_path):
     """--replies-in restores the settings its replies were made with, over a config file's (and under options
     given on the command line)."""
-    from qcg_gpu.cache import GenerationCache
     from qcg_gpu.cli import parse_arguments
     from qcg_gpu.cli.index import build_config
     from qcg_gpu.config import IndexConfig
+    from qcg_gpu.llm.cache import GenerationCache
 
     made_with = IndexConfig()
     made_with.generation.m, made_with.generation.prompt, made_with.chunking.chunk_tokens = 6, "quoted", 512

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from qcg_gpu.datasets import load_dataset, write_multihop_corpus
-from qcg_gpu.documents import SkipLog, read_documents
+from qcg_gpu.build.documents import SkipLog, read_documents
 from qcg_gpu.errors import QCGError
+from qcg_gpu.eval.datasets import load_dataset, write_multihop_corpus
 
 from .conftest import REPO
 

@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 
 from qcg_gpu import build_index
+from qcg_gpu.build.distributed import RayCluster, RayDataLLM
+from qcg_gpu.build.incremental import add_documents
+from qcg_gpu.build.throughput import measured_runs, throughput_log
 from qcg_gpu.cli import main
 from qcg_gpu.config import GenerationConfig, RayConfig
-from qcg_gpu.distributed import RayCluster, RayDataLLM
 from qcg_gpu.errors import QCGError
-from qcg_gpu.incremental import add_documents
 from qcg_gpu.index_format import read_manifest
-from qcg_gpu.llm import SamplingSpec
+from qcg_gpu.llm.backends import SamplingSpec
 from qcg_gpu.retrieval import RetrievalConfig, Retriever
-from qcg_gpu.throughput import measured_runs, throughput_log
 
 from .conftest import RETRIEVAL_BACKENDS, qcg, sample_docs
 from .test_incremental import _split_docs
@@ -228,8 +228,8 @@ def test_add_on_ray_refuses_other_settings_before_starting_a_cluster(small_index
 @pytest.mark.llm
 def test_eval_with_ray_retrieval_equals_one_process(small_index, embedder, cluster, tmp_path):
     from qcg_gpu.config import EvalConfig
-    from qcg_gpu.datasets import load_dataset
-    from qcg_gpu.evaluate import Harness
+    from qcg_gpu.eval.datasets import load_dataset
+    from qcg_gpu.eval.harness import Harness
     from qcg_gpu.retrieval import QCGIndex
 
     from .test_eval import QUESTIONS

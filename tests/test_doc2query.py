@@ -4,8 +4,8 @@ import re
 
 import pytest
 
+from qcg_gpu.build.doc2query import build_conversation, cache_key, pairs_schema, parse_pairs, sampling_spec
 from qcg_gpu.config import GenerationConfig, result_fields
-from qcg_gpu.doc2query import build_conversation, cache_key, pairs_schema, parse_pairs, sampling_spec
 from qcg_gpu.errors import QCGError
 
 
@@ -135,7 +135,7 @@ def test_compact_json_needs_vllm():
 
 def test_engine_settings_pass_through_to_vllm(tmp_path):
     from qcg_gpu.capabilities import with_cuda
-    from qcg_gpu.llm import CPU_MAX_MODEL_LEN, engine_settings
+    from qcg_gpu.llm.backends import CPU_MAX_MODEL_LEN, engine_settings
 
     (tmp_path / "config.json").write_text('{"max_position_embeddings": 32768}')
     config = GenerationConfig(
@@ -177,8 +177,8 @@ def test_bad_engine_settings_fail_before_a_model_loads(options, message):
 
 def test_prompt_files_hold_the_system_prompts(tmp_path):
     from qcg_gpu.answer import answer_conversations
+    from qcg_gpu.build.doc2query import system_prompt
     from qcg_gpu.config import AnswerConfig
-    from qcg_gpu.doc2query import system_prompt
 
     german = tmp_path / "de.txt"
     german.write_text("Schreibe Frage-Antwort-Paare auf Deutsch. Antworte nur mit JSON.\n")

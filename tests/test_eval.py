@@ -10,15 +10,15 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from qcg_gpu.cache import CachedLLM, ReplyStore
 from qcg_gpu.config import AnswerConfig, EvalConfig, GenerationConfig
-from qcg_gpu.datasets import load_dataset
-from qcg_gpu.evaluate import Harness, summarize, write_report
+from qcg_gpu.eval.datasets import load_dataset
+from qcg_gpu.eval.harness import Harness, summarize, write_report
+from qcg_gpu.eval.metrics import evidence_recall
+from qcg_gpu.eval.variants import _rebuild_nodes, derive_index
 from qcg_gpu.index_format import load_array, load_table
-from qcg_gpu.llm import Completion, LLMBackend
-from qcg_gpu.metrics import evidence_recall
+from qcg_gpu.llm.backends import Completion, LLMBackend
+from qcg_gpu.llm.cache import CachedLLM, ReplyStore
 from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever
-from qcg_gpu.variants import _rebuild_nodes, derive_index
 
 pytestmark = pytest.mark.llm
 

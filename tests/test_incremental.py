@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from qcg_gpu import build_index
+from qcg_gpu.build.incremental import add_documents, remove_documents
 from qcg_gpu.embedding import Embedder
 from qcg_gpu.errors import QCGError
-from qcg_gpu.incremental import add_documents, remove_documents
 from qcg_gpu.index_format import load_array, load_table, read_manifest
 
 from .conftest import SAMPLE_DOCS, sample_docs
@@ -92,7 +92,7 @@ def test_pair_nodes_add_generates_only_new_chunks_and_equals_a_rebuild(tmp_path,
 
 @pytest.mark.llm
 def test_failed_generation_leaves_the_index_unchanged(tmp_path, vllm_backend, embedder):
-    from qcg_gpu.llm import Completion
+    from qcg_gpu.llm.backends import Completion
 
     old, new, _ = _split_docs(tmp_path, 2, 2)
     config = _config(tmp_path)
@@ -149,8 +149,8 @@ def test_command_line_add_and_remove(tmp_path, cli):
 
 @pytest.mark.llm
 def test_dry_run_forecast_counts_what_the_build_spends(tmp_path, vllm_backend, embedder):
-    from qcg_gpu.forecast import forecast
-    from qcg_gpu.throughput import measured_runs
+    from qcg_gpu.build.forecast import forecast
+    from qcg_gpu.build.throughput import measured_runs
 
     docs = sample_docs(tmp_path / "docs", 3)
     config = _config(tmp_path)

@@ -8,10 +8,10 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from qcg_gpu import doc2query
+from qcg_gpu.build import doc2query
 from qcg_gpu.config import GenerationConfig
 from qcg_gpu.errors import QCGError
-from qcg_gpu.llm import SamplingSpec
+from qcg_gpu.llm.backends import SamplingSpec
 
 from .conftest import qcg, sample_docs
 
@@ -114,7 +114,7 @@ def test_the_token_meter_counts_tokens_before_any_reply_finishes(vllm_backend):
     ends at the replies' true total."""
     from tqdm import tqdm
 
-    from qcg_gpu.llm import TokenMeter, _completion
+    from qcg_gpu.llm.backends import TokenMeter, _completion
 
     engine, asked = vllm_backend.llm.llm_engine, conversations(2)
     meter = TokenMeter(tqdm(total=2, file=io.StringIO()), engine, every_s=0.0)

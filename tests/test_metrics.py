@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from qcg_gpu.metrics import (
+from qcg_gpu.eval.metrics import (
     all_evidence_hit,
     average_precision,
     evidence_recall,

@@ -9,7 +9,7 @@ import pytest
 from qcg_gpu.config import GenerationConfig
 from qcg_gpu.errors import QCGError
 from qcg_gpu.index_format import file_sha256
-from qcg_gpu.llm import llm_name
+from qcg_gpu.llm.backends import llm_name
 from qcg_gpu.models import (
     DEFAULT_EMBEDDER,
     DEFAULT_LLM,

@@ -13,7 +13,7 @@ import pytest
 
 from qcg_gpu.config import GenerationConfig
 from qcg_gpu.index_format import read_manifest
-from qcg_gpu.llm import OpenAIBackend, SamplingSpec
+from qcg_gpu.llm.backends import OpenAIBackend, SamplingSpec
 
 pytestmark = pytest.mark.llm
 TIMEOUT_S = 20  # the client's request timeout: over twice a real request's (at most 78 tokens; 10 tok/s on a loaded CI)

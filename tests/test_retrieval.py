@@ -3,9 +3,9 @@ import itertools
 import numpy as np
 import pytest
 
+from qcg_gpu.build.knn import knn_graph
 from qcg_gpu.capabilities import WITH_TORCH
 from qcg_gpu.errors import QCGError
-from qcg_gpu.knn import knn_graph
 from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever, check_queries
 
 from .conftest import DEVICES

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from qcg_gpu.metrics import retrieval_scores
-from qcg_gpu.runfiles import chunk_docno, document_ranking, write_qrels, write_run
+from qcg_gpu.eval.metrics import retrieval_scores
+from qcg_gpu.eval.runfiles import chunk_docno, document_ranking, write_qrels, write_run
 
 
 def test_a_document_ranks_at_its_best_chunk():

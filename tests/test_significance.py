@@ -1,4 +1,4 @@
-"""Paired statistics of qcg eval (qcg_gpu/significance.py): hand-computable cases, then a real run's
+"""Paired statistics of qcg eval (qcg_gpu/eval/significance.py): hand-computable cases, then a real run's
 per-question results checked against scipy's own bootstrap and permutation test."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import shutil
 import numpy as np
 import pytest
 
-from qcg_gpu import significance
 from qcg_gpu.config import EvalConfig, IndexConfig
-from qcg_gpu.datasets import load_dataset
-from qcg_gpu.evaluate import Harness, write_report
+from qcg_gpu.eval import significance
+from qcg_gpu.eval.datasets import load_dataset
+from qcg_gpu.eval.harness import Harness, write_report
 from qcg_gpu.retrieval import QCGIndex, RetrievalConfig
 
 from .conftest import REPO

@@ -21,7 +21,7 @@ import numpy as np
 from qcg_gpu.kernels.seeds_cpu import top_n_above
 top_n_above(np.ones((2, 5), np.float32), np.float32(0.5), 2)   # numba/llvmlite now loaded
 from qcg_gpu.config import GenerationConfig
-from qcg_gpu.llm import SamplingSpec, VLLMBackend
+from qcg_gpu.llm.backends import SamplingSpec, VLLMBackend
 backend = VLLMBackend(GenerationConfig())
 [reply] = backend.chat([[{"role": "user", "content": "Say hello."}]], SamplingSpec(0.0, 1.0, 8, 0))
 print("REPLY", reply.output_tokens, reply.error)

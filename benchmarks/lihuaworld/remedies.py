@@ -19,13 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-from qcg_gpu import significance
 from qcg_gpu.config import RetrievalConfig
-from qcg_gpu.datasets import NULL_TYPE, load_dataset
-from qcg_gpu.metrics import evidence_recall, reciprocal_rank
+from qcg_gpu.eval import significance
+from qcg_gpu.eval.datasets import NULL_TYPE, load_dataset
+from qcg_gpu.eval.metrics import evidence_recall, reciprocal_rank
+from qcg_gpu.eval.variants import derive_index
 from qcg_gpu.query import index_embedder
 from qcg_gpu.retrieval import QCGIndex, search
-from qcg_gpu.variants import derive_index
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "lihuaworld"
 GRID = {

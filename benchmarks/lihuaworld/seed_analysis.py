@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from qcg_gpu.config import RetrievalConfig
-from qcg_gpu.datasets import NULL_TYPE, load_dataset
-from qcg_gpu.metrics import evidence_recall
+from qcg_gpu.eval.datasets import NULL_TYPE, load_dataset
+from qcg_gpu.eval.metrics import evidence_recall
 from qcg_gpu.query import index_embedder
 from qcg_gpu.retrieval import QCGIndex, search, trace_query
 

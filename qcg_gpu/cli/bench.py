@@ -1,9 +1,9 @@
-"""``qcg bench``: this machine's speed at each step (``qcg_gpu/bench.py``), as tables and JSON."""
+"""``qcg bench``: this machine's speed at each step (``qcg_gpu/eval/bench.py``), as tables and JSON."""
 
 from __future__ import annotations
 
-from ..bench import BenchConfig
 from ..config import RetrievalConfig
+from ..eval.bench import BenchConfig
 from .options import add_options, resolve
 
 
@@ -21,8 +21,8 @@ def add_parser(commands) -> None:
 
 
 def run(args) -> int:
-    from ..bench import format_table, write_json
-    from ..bench import run as measure
+    from ..eval.bench import format_table, write_json
+    from ..eval.bench import run as measure
 
     config = resolve(BenchConfig(), args).validate()
     retrieval = resolve(RetrievalConfig(), args)

@@ -21,7 +21,7 @@ def add_parser(commands) -> None:
 
 
 def run(args) -> int:
-    from ..datasets import write_multihop_corpus
+    from ..eval.datasets import write_multihop_corpus
 
     print(f"wrote {write_multihop_corpus(args.data, args.out)} articles to {args.out}")
     return 0

@@ -7,10 +7,10 @@ import dataclasses
 import os
 from pathlib import Path
 
-from ..cache import ReplyStore, answer_cache
 from ..config import PRESETS, AnswerConfig, EvalConfig
-from ..datasets import DATASETS
 from ..errors import QCGError
+from ..eval.datasets import DATASETS
+from ..llm.cache import ReplyStore, answer_cache
 from .options import (
     NO_VERIFY_HELP,
     add_llm_options,
@@ -63,8 +63,8 @@ def add_parser(commands) -> None:
 
 
 def run(args) -> int:
-    from ..datasets import load_dataset
-    from ..evaluate import evidence_outside
+    from ..eval.datasets import load_dataset
+    from ..eval.harness import evidence_outside
     from ..retrieval import QCGIndex
 
     config = resolve(EvalConfig(), args).validate()  # refuse unknown names before loading anything
@@ -97,7 +97,7 @@ def _evaluate(
     args, config, index, compared, evalset, retrieval, answer_config, cluster, llm=None, judge_llm=None
 ) -> int:
     """Every method on the index (and the compared ones), then the report."""
-    from ..evaluate import Harness, write_report
+    from ..eval.harness import Harness, write_report
     from ..query import index_embedder
 
     def harness(ix):

@@ -124,15 +124,15 @@ def build_config(args) -> IndexConfig:
     ``qcg index build DOCS OUT --replies-in FILE`` rebuilds the index that file was made for."""
     replies_in = index_config(args).generation.replies_in
     if replies_in and os.path.isfile(replies_in):  # a missing file is refused by validate()
-        from ..cache import stored_settings
+        from ..llm.cache import stored_settings
 
         return index_config(args, stored_settings(replies_in))
     return index_config(args)
 
 
 def run_build(args) -> int:
-    from ..pipeline import build_index
-    from ..stages import check_cluster_graph
+    from ..build.pipeline import build_index
+    from ..build.stages import check_cluster_graph
 
     config = build_config(args).validate()  # refuse bad settings before starting a cluster
     if ray_config(args).ray:
@@ -143,7 +143,7 @@ def run_build(args) -> int:
 
 
 def run_add(args) -> int:
-    from ..incremental import add_documents, index_settings
+    from ..build.incremental import add_documents, index_settings
     from ..index_format import read_manifest
 
     manifest = read_manifest(args.out)
@@ -155,7 +155,7 @@ def run_add(args) -> int:
 
 
 def run_retry(args) -> int:
-    from ..incremental import index_settings, retry_failed
+    from ..build.incremental import index_settings, retry_failed
     from ..index_format import read_manifest
 
     manifest = read_manifest(args.out)
@@ -167,7 +167,7 @@ def run_retry(args) -> int:
 
 
 def run_remove(args) -> int:
-    from ..incremental import remove_documents
+    from ..build.incremental import remove_documents
 
     summary = remove_documents(args.index, args.doc_ids)
     print(f"removed {summary.documents} documents ({summary.chunks} chunks, {summary.nodes} nodes) from {args.index}")
@@ -175,12 +175,12 @@ def run_remove(args) -> int:
 
 
 def run_plan(args) -> int:
-    from ..forecast import forecast
+    from ..build.forecast import forecast
 
     if args.add:
         if not args.out:
             raise QCGError("qcg index plan --add needs the index to add to: qcg index plan INPUT INDEX --add")
-        from ..incremental import index_settings
+        from ..build.incremental import index_settings
         from ..index_format import read_manifest
 
         manifest = read_manifest(args.out)

@@ -136,7 +136,7 @@ def ray_cluster(args):
     ray = ray_config(args)
     if not ray.ray:
         return None
-    from ..distributed import RayCluster
+    from ..build.distributed import RayCluster
 
     return RayCluster(ray)
 
@@ -148,8 +148,8 @@ def add_llm_options(parser, title: str = "answering LLM options") -> None:
 def answering_llm(args, cluster=None, model: str | None = None, store=None):
     """The answering (or, with ``model``, judging) LLM: in this process, or one engine per Ray worker.
     With a ``cache.ReplyStore``, its replies are kept there and it is loaded only when one is missing."""
-    from ..cache import CachedLLM
-    from ..llm import make_backend
+    from ..llm.backends import make_backend
+    from ..llm.cache import CachedLLM
 
     generation = resolve(GenerationConfig(), args)
     generation.model = model or generation.model

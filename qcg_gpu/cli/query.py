@@ -7,7 +7,7 @@ import json
 
 from ..config import AnswerConfig
 from ..errors import QCGError
-from ..runfiles import run_lines
+from ..eval.runfiles import run_lines
 from .options import (
     NO_VERIFY_HELP,
     add_llm_options,

@@ -32,7 +32,7 @@ class RayBackend:
         self.index, self.cluster = index, cluster
 
     def search(self, queries: np.ndarray, config: RetrievalConfig) -> RetrievalResult:
-        from ..distributed import gather
+        from ..build.distributed import gather
 
         workers = self.cluster.actors(RetrievalWorker, reuse=True)
         ref = self.cluster.share(self.index)

@@ -29,16 +29,16 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from ..config import MACHINE_PATHS, IndexConfig, NodeConfig
+from ..embedding import Embedder
+from ..errors import QCGError
+from ..index_format import IndexWriter
+from ..llm.backends import reproducibility
+from ..log import logger, progress_bar
 from .chunking import Chunk, chunk_document, load_tokenizer
-from .config import MACHINE_PATHS, IndexConfig, NodeConfig
 from .doc2query_minus import keep_mask
 from .documents import SkipLog, read_documents
-from .embedding import Embedder
-from .errors import QCGError
-from .index_format import IndexWriter
 from .knn import KnnGraph, knn_graph
-from .llm import reproducibility
-from .log import logger, progress_bar
 from .nodes import Nodes, pair_nodes, pair_text, sentence_nodes
 
 

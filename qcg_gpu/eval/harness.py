@@ -2,10 +2,10 @@
 retrieval metrics (no LLM needed) and, when an LLM is given, by answer metrics and LLM-as-judge.
 
 Every method sees the same chunks, embedder and K. Node-text ablations and the ``knn`` /
-``alpha`` sweeps are derived from the index's stored pairs (qcg_gpu/variants.py), so nothing
+``alpha`` sweeps are derived from the index's stored pairs (qcg_gpu/eval/variants.py), so nothing
 is generated again. Outputs (see :func:`write_report`): per-question ``results.jsonl``,
 ``summary.md`` / ``summary.csv`` laid out like the paper's Table 1, one CSV + PNG per sweep,
-and TREC run files of every method with their qrels (documents and chunks, qcg_gpu/runfiles.py).
+and TREC run files of every method with their qrels (documents and chunks, qcg_gpu/eval/runfiles.py).
 """
 
 from __future__ import annotations
@@ -18,14 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
+from ..answer import answer_from_chunks
+from ..config import ABLATIONS, BASELINES, INDEX_PARAMETERS, SWEEPS, AnswerConfig, EvalConfig
+from ..embedding import Embedder
+from ..errors import QCGError
+from ..llm.backends import LLMBackend, SamplingSpec
+from ..log import logger, progress_bar
+from ..retrieval import QCGIndex, RetrievalConfig, RetrievalResult, search
 from . import significance
-from .answer import answer_from_chunks
-from .config import ABLATIONS, BASELINES, INDEX_PARAMETERS, SWEEPS, AnswerConfig, EvalConfig
 from .datasets import NULL_TYPE, EvalSet
-from .embedding import Embedder
-from .errors import QCGError
-from .llm import LLMBackend, SamplingSpec
-from .log import logger, progress_bar
 from .metrics import (
     best_over,
     exact_match,
@@ -36,7 +37,6 @@ from .metrics import (
     retrieval_scores,
     token_f1,
 )
-from .retrieval import QCGIndex, RetrievalConfig, RetrievalResult, search
 from .runfiles import chunk_docno, document_ranking, write_qrels, write_run
 from .variants import derive_index
 
@@ -136,7 +136,7 @@ class Harness:
         if self.llm is None:
             raise QCGError("answer metrics need an LLM (or turn them off with --no-answers)")
         logger.info(f"answering {len(records)} questions")
-        # question by question across methods: a run stopped midway (its answers are kept, qcg_gpu/cache.py)
+        # question by question across methods: a run stopped midway (its answers are kept, qcg_gpu/llm/cache.py)
         # leaves every method's answers to the same questions
         position = {q.qid: i for i, q in enumerate(self.questions)}
         records = sorted(records, key=lambda r: position.get(r["qid"], 0))

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..config import IndexConfig
+from ..llm.backends import NOT_REPORTED, LLMBackend, make_backend
+from ..llm.cache import GenerationCache, ReplyStore, generation_cache, reply_entry, stored_settings
 from . import doc2query
-from .cache import GenerationCache, ReplyStore, generation_cache, reply_entry, stored_settings
 from .chunking import Chunk
-from .config import IndexConfig
-from .llm import NOT_REPORTED, LLMBackend, make_backend
 from .stages import IndexSummary, Pairs, stage
 from .throughput import record_throughput
 

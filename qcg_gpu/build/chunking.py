@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from .config import ChunkingConfig
-from .errors import QCGError
+from ..config import ChunkingConfig
+from ..errors import QCGError
 
 
 class Tokenizer(Protocol):

@@ -35,14 +35,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .capabilities import require
+from ..capabilities import require
+from ..config import IndexConfig, NodeConfig
+from ..index_format import TABLES, ArrayParts
+from ..log import progress_bar, quiet
 from .chunking import Chunk
-from .config import IndexConfig, NodeConfig
 from .distributed import RayCluster, _EmbedWorker
 from .documents import SkipLog
 from .generation import Doc2QueryRun
-from .index_format import TABLES, ArrayParts
-from .log import progress_bar, quiet
 from .stages import (
     IndexSummary,
     Pairs,

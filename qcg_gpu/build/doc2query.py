@@ -13,8 +13,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .config import GenerationConfig, prompt_text
-from .llm import SamplingSpec
+from ..config import GenerationConfig, prompt_text
+from ..llm.backends import SamplingSpec
 
 PROMPT_VERSION = 2
 

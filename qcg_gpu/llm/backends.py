@@ -23,11 +23,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .capabilities import require, with_cuda
-from .config import GenerationConfig
-from .errors import QCGError
-from .log import engine_log_level, progress_bar
-from .models import DEFAULT_LLM, llm_identity, resolve_model
+from ..capabilities import require, with_cuda
+from ..config import GenerationConfig
+from ..errors import QCGError
+from ..log import engine_log_level, progress_bar
+from ..models import DEFAULT_LLM, llm_identity, resolve_model
 
 Conversation = list[dict]
 

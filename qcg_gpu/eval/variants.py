@@ -13,12 +13,12 @@ import copy
 
 import numpy as np
 
-from .config import GraphConfig, IndexConfig, NodeConfig
-from .embedding import Embedder
-from .errors import QCGError
-from .knn import knn_graph
-from .retrieval import QCGIndex
-from .stages import Pairs, build_nodes
+from ..build.knn import knn_graph
+from ..build.stages import Pairs, build_nodes
+from ..config import GraphConfig, IndexConfig, NodeConfig
+from ..embedding import Embedder
+from ..errors import QCGError
+from ..retrieval import QCGIndex
 
 
 def derive_index(

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..config import IndexConfig
+from ..llm.backends import llm_name
+from ..llm.cache import GenerationCache, generation_cache
+from ..models import DEFAULT_LLM, resolve_model
 from . import doc2query
-from .cache import GenerationCache, generation_cache
-from .config import IndexConfig
-from .llm import llm_name
-from .models import DEFAULT_LLM, resolve_model
 from .stages import IndexSummary, read_chunks
 from .throughput import measured_runs
 

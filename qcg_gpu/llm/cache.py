@@ -2,7 +2,7 @@
 
 SQLite gives atomic commits and safe concurrent readers, so a run killed at
 any point keeps every batch it finished, and a rerun asks the LLM only for the rest.
-Doc2Query replies are keyed by chunk (qcg_gpu/doc2query.py); answers and judgements of
+Doc2Query replies are keyed by chunk (qcg_gpu/build/doc2query.py); answers and judgements of
 ``qcg eval`` by conversation (:class:`CachedLLM`). A :class:`ReplyStore` adds a stored
 Parquet file to a cache first and shares a run's replies as one, rewritten as they come.
 """
@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .config import GenerationConfig
-from .errors import QCGError
-from .llm import Completion, Conversation, LLMBackend, SamplingSpec, llm_name
-from .log import logger
-from .models import cache_dir
+from ..config import GenerationConfig
+from ..errors import QCGError
+from ..log import logger
+from ..models import cache_dir
+from .backends import Completion, Conversation, LLMBackend, SamplingSpec, llm_name
 
 # Parquet schema metadata of a stored generation: the settings its keys were made with (JSON).
 SETTINGS_KEY = b"qcg.generation"

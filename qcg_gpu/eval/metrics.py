@@ -12,7 +12,7 @@ from collections import Counter
 # Each takes the documents of the ranked chunks, best first (a document may repeat: it ranks at its
 # first, best, chunk), and the question's evidence documents (binary relevance). Names follow
 # ir_measures, with the cutoff K: R@5, RR@5, nDCG@5, AP@5, Success@5; the same values as trec_eval
-# gives on our document-level run and qrels files (qcg_gpu/runfiles.py, tested).
+# gives on our document-level run and qrels files (qcg_gpu/eval/runfiles.py, tested).
 
 
 def _ranked(retrieved_docs: list[str]) -> list[str]:

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .capabilities import WITH_FAISS, default_device, faiss_gpus, ieee_float32_matmul, require
-from .errors import QCGError
-from .log import progress_bar
+from ..capabilities import WITH_FAISS, default_device, faiss_gpus, ieee_float32_matmul, require
+from ..errors import QCGError
+from ..log import progress_bar
 
 CANDIDATE_MARGIN = 8
 IVF_TRAIN_PER_LIST = 39  # faiss' minimum of training points per k-means centroid

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .capabilities import require
+from ..capabilities import require
 from .metrics import metric_base
 
 PANELS = ("judge", "R", "RR")  # the first of these a sweep has goes in the left panel

@@ -34,14 +34,14 @@ import os
 
 import numpy as np
 
-from .capabilities import require, with_cuda
-from .config import GenerationConfig, NodeConfig, RayConfig
-from .embedding import Windows, encode_whole, shape_batches, token_counts
-from .errors import QCGError
+from ..capabilities import require, with_cuda
+from ..config import GenerationConfig, NodeConfig, RayConfig
+from ..embedding import Windows, encode_whole, shape_batches, token_counts
+from ..errors import QCGError
+from ..llm.backends import Completion, LLMBackend, SamplingSpec, collect, engine_settings, llm_name, request_seed
+from ..log import engine_log_level, progress_bar, quiet
+from ..models import DEFAULT_EMBEDDER, DEFAULT_LLM, resolve_model
 from .knn import KnnGraph, degree, exact_rows
-from .llm import Completion, LLMBackend, SamplingSpec, collect, engine_settings, llm_name, request_seed
-from .log import engine_log_level, progress_bar, quiet
-from .models import DEFAULT_EMBEDDER, DEFAULT_LLM, resolve_model
 
 EMBED_BLOCK_BATCHES = 8  # embedder batches per block sent to one worker
 
@@ -185,7 +185,7 @@ class _LLMWorker:
     """One LLM backend per actor, loaded once; each call streams its share's replies as they finish."""
 
     def __init__(self, generation: dict):
-        from .llm import make_backend
+        from ..llm.backends import make_backend
 
         if not with_cuda():  # Ray gives each actor its cores (OMP_NUM_THREADS); vLLM must not pin to all of them
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
@@ -370,7 +370,7 @@ class _EmbedWorker:
     ):
         import torch
 
-        from .embedding import Embedder
+        from ..embedding import Embedder
 
         # "truncate": RayEmbedder's driver splits long texts itself
         self.embedder = Embedder(model, device, batch_size, long_texts)

@@ -28,13 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from .capabilities import cpu_kind, require
-from .config import IndexConfig, RetrievalConfig, option
-from .errors import QCGError
-from .knn import degree, exact_rows, knn_graph
-from .retrieval import QCGIndex, Retriever, seed_threshold
-from .retrieval.result import tile_rows
-from .retrieval.search import prefilter_kind
+from ..build.knn import degree, exact_rows, knn_graph
+from ..capabilities import cpu_kind, require
+from ..config import IndexConfig, RetrievalConfig, option
+from ..errors import QCGError
+from ..retrieval import QCGIndex, Retriever, seed_threshold
+from ..retrieval.result import tile_rows
+from ..retrieval.search import prefilter_kind
 
 DIM = 384
 PARTS = ("retrieval", "knn", "embedding", "doc2query")
@@ -284,7 +284,7 @@ def synthetic_texts(kind: str, n: int) -> list[str]:
 
 
 def embedding_rows(config: BenchConfig, embedder=None):
-    from .embedding import Embedder
+    from ..embedding import Embedder
 
     embedder = embedder or Embedder(device=config.device)
     for kind, n in (("short", config.texts), ("long", max(config.texts // 20, 1))):
@@ -297,10 +297,10 @@ def embedding_rows(config: BenchConfig, embedder=None):
 def doc2query_rows(config: BenchConfig, backend=None):
     """The index build's generation (streamed, cached replies written) against ``LLM.generate`` on
     the same prompts and sampling: output tok/s of both and their ratio."""
-    from . import doc2query
-    from .generation import generate_pairs
-    from .llm import VLLMBackend
-    from .stages import IndexSummary, read_chunks
+    from ..build import doc2query
+    from ..build.generation import generate_pairs
+    from ..build.stages import IndexSummary, read_chunks
+    from ..llm.backends import VLLMBackend
 
     index_config = IndexConfig()
     index_config.generation.model, index_config.generation.m = config.model, config.m

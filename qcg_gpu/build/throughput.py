@@ -8,7 +8,7 @@ import platform
 import time
 from pathlib import Path
 
-from .cache import generation_cache
+from ..llm.cache import generation_cache
 
 THROUGHPUT_LOG = "throughput.jsonl"
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import QCGError
+from ..errors import QCGError
 
 TEXT_SUFFIXES = (".txt", ".md")
 READ_BLOCK_BYTES = 1 << 20

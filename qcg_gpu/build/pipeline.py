@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .config import IndexConfig
-from .embedding import Embedder
+from ..config import IndexConfig
+from ..embedding import Embedder
+from ..index_format import check_writable
+from ..llm.backends import LLMBackend, llm_name
 from .generation import generate_pairs
-from .index_format import check_writable
-from .llm import LLMBackend, llm_name
 from .sharded import build_on_cluster
 from .stages import (
     IndexSummary,

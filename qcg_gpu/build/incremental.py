@@ -2,10 +2,10 @@
 
 Adding generates pairs only for the new chunks, embeds only new texts, appends chunks, pairs and
 nodes after the existing ones (existing ids do not change) and updates the kNN graph with
-:func:`qcg_gpu.knn.add_nodes` (new rows searched over all nodes; an old row is re-ranked only
+:func:`qcg_gpu.build.knn.add_nodes` (new rows searched over all nodes; an old row is re-ranked only
 when a new node enters its k nearest). Removing drops a document's chunks, pairs and nodes,
 renumbers the rest in order and re-searches only the rows that lost an out-neighbour
-(:func:`qcg_gpu.knn.remove_nodes`). Either way the result equals a full rebuild over the same
+(:func:`qcg_gpu.build.knn.remove_nodes`). Either way the result equals a full rebuild over the same
 documents in the same order, and it is published as a new index version (readers are never
 disturbed; a failure leaves the index as it was). The index's own settings are used; options
 that would change results must match them.
@@ -21,15 +21,15 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from ..config import IndexConfig, result_fields
+from ..embedding import Embedder
+from ..errors import QCGError
+from ..index_format import update_lock
+from ..llm.backends import LLMBackend
+from ..retrieval import QCGIndex
 from .chunking import Chunk
-from .config import IndexConfig, result_fields
-from .embedding import Embedder
-from .errors import QCGError
 from .generation import generate_pairs
-from .index_format import update_lock
 from .knn import KnnGraph, add_nodes, remove_nodes
-from .llm import LLMBackend
-from .retrieval import QCGIndex
 from .stages import (
     IndexSummary,
     Pairs,

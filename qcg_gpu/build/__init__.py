@@ -1,0 +1,1 @@
+"""Building an index: documents to chunks, Doc2Query pairs, nodes and the kNN graph."""

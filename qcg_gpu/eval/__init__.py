@@ -1,0 +1,1 @@
+"""Evaluation: datasets, metrics, the harness, variants, run files, plots, significance, bench."""
