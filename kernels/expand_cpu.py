@@ -11,7 +11,8 @@ Threads take queries round-robin and keep their scratch arrays (visit stamps,
 chunk sums) across queries, so nothing of size N is cleared per query.
 ``rank_query`` is the per-query step; ``prefilter_cpu.rescore_and_rank`` (every precision, float32
 included) calls it right after a query's seeds are rescored, and ``rescore_all_and_rank`` after a
-row of near-ties is rescored over every node.
+row of near-ties is rescored over every node; ``expand_and_rank`` ranks from seeds chosen elsewhere
+(the bench's library routes) and ``reached_nodes`` gives the trace view its Q*.
 """
 
 from __future__ import annotations
@@ -39,11 +40,9 @@ def new_scratch(n_nodes, n_chunks):
 
 
 @numba.njit(inline="always")
-def rank_query(mark, seeds, query, indptr, indices, nodes, node_chunk, hops, scratch, chunks_out, scores_out):
-    """One query: Q* = its seeds (ids < 0 skipped) and h hops, each node's similarity, the chunk means and
-    the K best chunks into ``chunks_out``/``scores_out`` (K = their length, pre-filled with -1/-inf).
-    Returns |Q*|. ``mark`` must differ between the queries one ``scratch`` serves (stamp == mark: visited)."""
-    stamp, chunk_stamp, chunk_sum, chunk_count, selected, touched = scratch
+def expand(mark, seeds, indptr, indices, hops, stamp, selected):
+    """Q* into ``selected`` in breadth-first order: the seeds (ids < 0 skipped), then each hop's new
+    nodes in the order they are found. Returns |Q*|; ``stamp[u] == mark`` marks a visited node."""
     size = 0
     for s in range(len(seeds)):
         u = seeds[s]
@@ -62,6 +61,16 @@ def rank_query(mark, seeds, query, indptr, indices, nodes, node_chunk, hops, scr
                     selected[size] = v
                     size += 1
         start, end = end, size
+    return size
+
+
+@numba.njit(inline="always")
+def rank_query(mark, seeds, query, indptr, indices, nodes, node_chunk, hops, scratch, chunks_out, scores_out):
+    """One query: Q* = its seeds (ids < 0 skipped) and h hops, each node's similarity, the chunk means and
+    the K best chunks into ``chunks_out``/``scores_out`` (K = their length, pre-filled with -1/-inf).
+    Returns |Q*|. ``mark`` must differ between the queries one ``scratch`` serves (stamp == mark: visited)."""
+    stamp, chunk_stamp, chunk_sum, chunk_count, selected, touched = scratch
+    size = expand(mark, seeds, indptr, indices, hops, stamp, selected)
     n_touched = 0
     for i in range(min(PREFETCH_DISTANCE, size)):
         prefetch_row(nodes, selected[i])
@@ -95,3 +104,40 @@ def rank_query(mark, seeds, query, indptr, indices, nodes, node_chunk, hops, scr
             scores_out[pos] = score
             chunks_out[pos] = c
     return size
+
+
+# reassoc lets LLVM vectorise the dot products (a different summation order: results move in
+# the last float32 bits, as they do between any two BLAS builds).
+@numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
+def expand_and_rank(seed_ids, indptr, indices, nodes, queries, node_chunk, n_chunks, hops, top_k, n_threads):
+    """``rank_query`` for every row of ``seed_ids`` (-1 padded), seeds chosen elsewhere; threads take
+    queries round-robin."""
+    n_queries = seed_ids.shape[0]
+    out_chunks = np.full((n_queries, top_k), -1, dtype=np.int64)
+    out_scores = np.full((n_queries, top_k), -np.inf, dtype=np.float32)
+    out_selected = np.zeros(n_queries, dtype=np.int64)
+    for t in numba.prange(n_threads):
+        scratch = new_scratch(nodes.shape[0], n_chunks)
+        for b in range(t, n_queries, n_threads):
+            out_selected[b] = rank_query(
+                np.int32(b + 1),
+                seed_ids[b],
+                queries[b],
+                indptr,
+                indices,
+                nodes,
+                node_chunk,
+                hops,
+                scratch,
+                out_chunks[b],
+                out_scores[b],
+            )
+    return out_chunks, out_scores, out_selected
+
+
+@numba.njit(cache=True)
+def reached_nodes(seeds, indptr, indices, n_nodes, hops):
+    """Q* of one query in breadth-first order (``expand``), for the trace view."""
+    selected = np.empty(n_nodes, dtype=np.int64)
+    size = expand(np.int32(1), seeds, indptr, indices, hops, np.zeros(n_nodes, dtype=np.int32), selected)
+    return selected[:size]

@@ -359,3 +359,39 @@ def test_query_checks():
 def test_bad_parameters(options, message):
     with pytest.raises(QCGError, match=message):
         RetrievalConfig(**options).validate()
+
+
+def test_trace_matches_a_plain_python_walk():
+    """The trace view (the CPU backend's kernels) against breadth-first sets and means in plain Python."""
+    from qcg_gpu.eval.bench import synthetic_index, synthetic_queries
+    from qcg_gpu.retrieval import trace_query
+
+    index = synthetic_index(3000, k=4)
+    queries = synthetic_queries(index, 8)
+    config = RetrievalConfig(gamma=1.5, hops=2)
+    result = Retriever(index, config).search(queries)
+    for b in range(len(queries)):
+        trace = trace_query(index, queries[b], result.seed_ids[b], result.seed_sims[b], config.hops)
+        seeds = [int(u) for u in result.seed_ids[b] if u >= 0]
+        selected, frontier, per_hop = set(seeds), set(seeds), []
+        for _ in range(config.hops):
+            frontier = {
+                int(v) for u in frontier for v in index.knn_indices[index.knn_indptr[u] : index.knn_indptr[u + 1]]
+            } - selected
+            selected |= frontier
+            per_hop.append(frontier)
+        assert [s["node_id"] for s in trace["seeds"]] == seeds
+        found, start = trace["expanded"], 0
+        for hop in per_hop:  # each hop's nodes, in the order the walk found them
+            assert set(found[start : start + len(hop)]) == hop
+            start += len(hop)
+        assert start == len(found)
+        means: dict[int, list[float]] = {}
+        for u in selected:
+            means.setdefault(int(index.node_chunk[u]), []).append(float(index.node_embeddings[u] @ queries[b]))
+        assert {c["chunk_id"]: c["n_nodes"] for c in trace["chunks"]} == {c: len(v) for c, v in means.items()}
+        for c in trace["chunks"]:
+            assert c["score"] == pytest.approx(np.mean(means[c["chunk_id"]]), abs=1e-6)
+        scores = [c["score"] for c in trace["chunks"]]
+        assert scores == sorted(scores, reverse=True)
+        assert [c["chunk_id"] for c in trace["chunks"][: config.top_k]] == [c for c in result.chunk_ids[b] if c >= 0]

@@ -114,7 +114,7 @@ class RayCluster:
         blocks = [b for b in np.array_split(np.arange(n), self.workers * 4) if len(b)]
         task = self.ray.remote(**self.worker_resources)(_knn_rows)
         futures = [task.remote(shared, int(b[0]), int(b[-1]) + 1, k_eff, backend, device) for b in blocks]
-        rows = gather(self.ray, futures, "kNN blocks")
+        rows = self.gather(futures, "kNN blocks")
         return KnnGraph.from_rows(np.concatenate([ids for ids, _ in rows]), np.concatenate([s for _, s in rows]))
 
     def actors(self, cls, *args, reuse: bool = False, count: int | None = None) -> list:
@@ -152,6 +152,16 @@ class RayCluster:
         self._actor_key = (cls, args)
         return self._actors
 
+    def gather(self, futures: list, desc: str | None = None) -> list:
+        """Results of ``futures`` in their order, with a progress bar named ``desc`` (if any) as they finish."""
+        with progress_bar(total=len(futures), desc=desc, disable=desc is None) as bar:
+            pending = list(futures)
+            while pending:
+                done, pending = self.ray.wait(pending, num_returns=1)
+                self.ray.get(done)  # raise a worker's error now
+                bar.update(len(done))
+        return self.ray.get(futures)
+
     def share(self, obj):
         """An object-store reference to ``obj``, put there once (and ``obj`` kept alive with it)."""
         if id(obj) not in self._shared:
@@ -165,17 +175,6 @@ def _concatenate(*parts: np.ndarray) -> np.ndarray:
 
 def _knn_rows(emb: np.ndarray, start: int, stop: int, k: int, backend: str, device: str | None):
     return exact_rows(emb, np.arange(start, stop), k, backend, device)
-
-
-def gather(ray, futures: list, desc: str | None = None) -> list:
-    """Results of ``futures`` in their order, with a progress bar named ``desc`` (if any) as they finish."""
-    with progress_bar(total=len(futures), desc=desc, disable=desc is None) as bar:
-        pending = list(futures)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            ray.get(done)  # raise a worker's error now
-            bar.update(len(done))
-    return ray.get(futures)
 
 
 # ---- generation: one streaming engine per worker (per tensor x pipeline parallel group on GPUs) ----
@@ -364,7 +363,7 @@ def _completion_of_row(out: dict) -> Completion:
 # ---- embedding: one embedder per worker ----
 
 
-class _EmbedWorker:
+class EmbedWorker:
     def __init__(
         self, model: str | None, device: str | None, batch_size: int, cpu_threads: int, long_texts: str = "truncate"
     ):
@@ -393,7 +392,7 @@ class RayEmbedder:
         self.cluster, self.batch_size = cluster, config.embed_batch_size
         torch = require("torch")
         self._workers = cluster.actors(
-            _EmbedWorker, config.embedder, config.device, config.embed_batch_size, torch.get_num_threads()
+            EmbedWorker, config.embedder, config.device, config.embed_batch_size, torch.get_num_threads()
         )
         self.model_name, self.dim, self.max_tokens = cluster.ray.get(self._workers[0].describe.remote())
         path = resolve_model(config.embedder, DEFAULT_EMBEDDER)[0]

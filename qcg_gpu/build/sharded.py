@@ -40,7 +40,7 @@ from ..config import IndexConfig, NodeConfig
 from ..index_format import TABLES, ArrayParts
 from ..log import progress_bar, quiet
 from .chunking import Chunk
-from .distributed import RayCluster, _EmbedWorker
+from .distributed import EmbedWorker, RayCluster
 from .documents import SkipLog
 from .generation import Doc2QueryRun
 from .stages import (
@@ -117,7 +117,7 @@ def _timed(items: Iterator, summary: IndexSummary, name: str) -> Iterator:
         yield item
 
 
-class _ShardWorker(_EmbedWorker):
+class _ShardWorker(EmbedWorker):
     """An embedder per actor, kept for the whole build; each call does one shard's embed stage."""
 
     def __init__(self, nodes: NodeConfig, cpu_threads: int):

@@ -1,10 +1,11 @@
 """``qcg bench``: this machine's speed at each step of the engine, as JSON rows and tables.
 
 - retrieval: queries/s of :class:`Retriever` per backend on a synthetic index of N nodes, next to
-  what a user would write instead, on the same queries: the *library route* (faiss
-  ``IndexFlatIP.search`` for the n best, a threshold mask, numpy expansion, chunk means and top-K)
-  and the *topk route* (one torch GEMM per query tile, ``torch.topk``, the same numpy ranking).
-  Their results are counted equal to ours (near-ties may order differently).
+  the seed search a user would reach for, on the same queries: the *library route* (faiss
+  ``IndexFlatIP.search`` for the n best) and the *topk route* (one torch GEMM per query tile,
+  ``torch.topk``), each followed by the numpy backend's own expansion, chunk means and top-K, so
+  the routes differ from the engine only in seed selection. Their results are counted equal to
+  ours (near-ties may order differently).
 - knn: the exact kNN graph's build time, and the approximate one's (``--knn approximate``) with its
   edge recall, measured on a sample of rows searched exactly.
 - embedding: texts/s of the embedder on short texts (like nodes) and long ones (windowed).
@@ -32,7 +33,7 @@ from ..build.knn import degree, exact_rows, knn_graph
 from ..capabilities import cpu_kind, require
 from ..config import IndexConfig, RetrievalConfig, option
 from ..errors import QCGError
-from ..retrieval import QCGIndex, Retriever, seed_threshold
+from ..retrieval import QCGIndex, Retriever, numpy_backend, seed_threshold
 from ..retrieval.result import tile_rows
 from ..retrieval.search import prefilter_kind
 
@@ -120,31 +121,16 @@ def synthetic_queries(index: QCGIndex, b: int, seed: int = 1) -> np.ndarray:
     return (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
 
 
-# --- what a user would write instead ---------------------------------------------------------
+# --- the seed search a user would reach for -------------------------------------------------------
 
 
 def rank_from_seeds(index: QCGIndex, queries: np.ndarray, sims, ids, config: RetrievalConfig) -> list[list[int]]:
-    """Top-K chunk ids per query from each query's n best nodes (``sims``/``ids``, (B, n)), in numpy:
-    threshold mask, fixed-degree expansion by fancy indexing, one einsum for the selected nodes'
-    similarities, ``np.unique`` + ``bincount`` + ``lexsort`` for the chunk means and top-K."""
-    b, neighbors = len(queries), index.knn_indices.reshape(index.n_nodes, -1)
-    frontier = np.where(sims >= seed_threshold(config.gamma), ids, -1)
-    reached = [frontier]
-    for _ in range(config.hops):
-        frontier = np.where(frontier[:, :, None] >= 0, neighbors[frontier], -1).reshape(b, -1)
-        reached.append(frontier)
-    selected = np.sort(np.concatenate(reached, axis=1), axis=1)
-    valid = selected >= 0
-    valid[:, 1:] &= selected[:, 1:] != selected[:, :-1]  # each node once
-    node_sims = np.einsum("bsd,bd->bs", index.node_embeddings[np.maximum(selected, 0)], queries)
-    rows, cols = np.nonzero(valid)
-    keys = rows * index.n_chunks + index.node_chunk[selected[rows, cols]]
-    unique, inverse = np.unique(keys, return_inverse=True)
-    means = np.bincount(inverse, weights=node_sims[rows, cols]) / np.bincount(inverse)
-    query_of, chunk_of = unique // index.n_chunks, unique % index.n_chunks
-    order = np.lexsort((chunk_of, -means, query_of))  # per query: best mean first, ties by lower chunk id
-    starts = np.searchsorted(query_of[order], np.arange(b + 1))
-    return [chunk_of[order[starts[q] : min(starts[q + 1], starts[q] + config.top_k)]].tolist() for q in range(b)]
+    """Top-K chunk ids per query from each query's n best nodes (``sims``/``ids``, (B, n)): the seeds
+    are those above the threshold, then the numpy backend's own expansion and chunk scoring, so a
+    route differs from the engine only in how it finds the n best nodes."""
+    seeds = np.where(sims >= seed_threshold(config.gamma), ids, -1)
+    chunks, _, _ = numpy_backend.rank_from_seeds(index, queries, seeds, config.hops, config.top_k)
+    return [row[row >= 0].tolist() for row in chunks]
 
 
 class LibraryRoute:

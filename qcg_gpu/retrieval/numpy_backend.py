@@ -85,6 +85,43 @@ def compact_graph(index: QCGIndex) -> tuple:
     return tuple(np.ascontiguousarray(a, np.int32 if fits else np.int64) for a in arrays)
 
 
+def rank_from_seeds(
+    index: QCGIndex, queries: np.ndarray, seed_ids: np.ndarray, hops: int, top_k: int, graph: tuple | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Retrieval steps 3-5 (expansion, per-chunk mean, top-K) of this backend from seeds chosen
+    elsewhere (``seed_ids``, (B, n), -1 padded): the kernel ``search`` runs after its own seeds, for
+    the bench's library routes and the trace. Returns chunk ids, scores and |Q*| per query."""
+    from ..kernels import expand_cpu
+
+    indptr, indices, node_chunk = graph if graph is not None else compact_graph(index)
+    return expand_cpu.expand_and_rank(
+        np.ascontiguousarray(seed_ids, dtype=np.int64),
+        indptr,
+        indices,
+        index.node_embeddings,
+        np.ascontiguousarray(queries, dtype=np.float32),
+        node_chunk,
+        index.n_chunks,
+        hops,
+        top_k,
+        _threads(),
+    )
+
+
+def reached_nodes(index: QCGIndex, seeds: np.ndarray, hops: int) -> np.ndarray:
+    """Q* of one query from its seeds, in breadth-first order (the seeds, then each hop's new nodes)."""
+    from ..kernels import expand_cpu
+
+    indptr, indices, _ = compact_graph(index)
+    return expand_cpu.reached_nodes(np.asarray(seeds, dtype=np.int64), indptr, indices, index.n_nodes, hops)
+
+
+def _threads() -> int:
+    import numba
+
+    return numba.get_num_threads()
+
+
 class Prefilter:
     """Exact seeds from a low-precision GEMM on CPU (kernels/prefilter_cpu.py): candidates within the
     error bound (``bounds.py``) of the n best are rescored exactly; rows with too many near-ties are

@@ -4,6 +4,8 @@ equal to one process's."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..config import RetrievalConfig
@@ -12,31 +14,36 @@ from .result import RetrievalResult
 
 
 class RetrievalWorker:
-    """A Ray actor's state: one Retriever per index and backend, so sweeps load each index once."""
+    """A Ray actor's state: one local backend per index and backend kind, so sweeps load each
+    index once."""
 
     def __init__(self):
-        self.retrievers = {}
+        self.backends = {}
 
-    def search(self, key: str, index_ref: list, config: RetrievalConfig, queries: np.ndarray) -> RetrievalResult:
+    def search(
+        self, key: str, index_ref: list, config: RetrievalConfig, queries: np.ndarray, local_backend: Callable
+    ) -> RetrievalResult:
         import ray
 
-        from .search import Retriever
-
-        if key not in self.retrievers:  # the ref comes in a list so that Ray fetches the index only here
-            self.retrievers[key] = Retriever(ray.get(index_ref[0]), config)
-        return self.retrievers[key].search(queries, config)
+        if key not in self.backends:  # the ref comes in a list so that Ray fetches the index only here
+            self.backends[key] = local_backend(ray.get(index_ref[0]), config)
+        return self.backends[key].search(queries, config)
 
 
 class RayBackend:
-    def __init__(self, index: QCGIndex, cluster):
-        self.index, self.cluster = index, cluster
+    """The queries split over ``cluster``'s workers, each running ``local_backend(index, config)``
+    (``search.local_backend``, passed in so that this module needs nothing from ``search``)."""
+
+    def __init__(self, index: QCGIndex, cluster, local_backend: Callable):
+        self.index, self.cluster, self.local_backend = index, cluster, local_backend
 
     def search(self, queries: np.ndarray, config: RetrievalConfig) -> RetrievalResult:
-        from ..build.distributed import gather
-
         workers = self.cluster.actors(RetrievalWorker, reuse=True)
         ref = self.cluster.share(self.index)
         key = f"{id(self.index)}:{config.backend}:{config.prefilter}:{config.device}"
         shards = [s for s in np.array_split(np.arange(len(queries)), len(workers)) if len(s)]
-        futures = [w.search.remote(key, [ref], config, queries[s[0] : s[-1] + 1]) for w, s in zip(workers, shards)]
-        return RetrievalResult.concatenate(gather(self.cluster.ray, futures))
+        futures = [
+            w.search.remote(key, [ref], config, queries[s[0] : s[-1] + 1], self.local_backend)
+            for w, s in zip(workers, shards)
+        ]
+        return RetrievalResult.concatenate(self.cluster.gather(futures))

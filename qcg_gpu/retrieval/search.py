@@ -54,7 +54,12 @@ def make_backend(index: QCGIndex, config: RetrievalConfig, cluster=None) -> Back
     if cluster is not None:
         from .ray_backend import RayBackend
 
-        return RayBackend(index, cluster)
+        return RayBackend(index, cluster, local_backend)
+    return local_backend(index, config)
+
+
+def local_backend(index: QCGIndex, config: RetrievalConfig) -> Backend:
+    """The in-process backend ``config`` names (numpy or torch); each Ray worker runs one too."""
     name = backend_name(config)
     if name == "torch":
         from .torch_backend import TorchBackend
