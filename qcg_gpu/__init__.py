@@ -21,16 +21,30 @@ def build_index(*args, **kwargs):
     return _build_index(*args, **kwargs)
 
 
-def __getattr__(name: str):
-    if name in ("QCGRag", "QuerySolution"):  # the facade (qcg_gpu/api.py), imported when used
-        from . import api
+_LAZY = {  # public names whose modules pull in torch, vLLM or Ray: imported when first used
+    "QCGRag": "api",
+    "QuerySolution": "api",
+    "add_documents": "build.incremental",
+    "remove_documents": "build.incremental",
+    "retry_failed": "build.incremental",
+    "RayCluster": "build.distributed",
+}
 
-        return getattr(api, name)
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'qcg_gpu' has no attribute {name!r}")
 
 
 __all__ = [
     "build_index",
+    "add_documents",
+    "remove_documents",
+    "retry_failed",
+    "RayCluster",
     "QCGRag",
     "QuerySolution",
     "IndexConfig",

@@ -12,7 +12,7 @@ import pytest
 
 from qcg_gpu.config import AnswerConfig, EvalConfig, GenerationConfig
 from qcg_gpu.eval.datasets import load_dataset
-from qcg_gpu.eval.harness import Harness, summarize, write_report
+from qcg_gpu.eval.harness import Answering, Harness, summarize, write_report
 from qcg_gpu.eval.metrics import evidence_recall
 from qcg_gpu.eval.variants import _rebuild_nodes, derive_index
 from qcg_gpu.index_format import load_array, load_table
@@ -104,9 +104,7 @@ def test_eval_answers_judges_and_reports(small_index, questions_file, vllm_backe
         evalset,
         embedder,
         RetrievalConfig(gamma=1.0),
-        AnswerConfig(max_answer_tokens=48),
-        llm=vllm_backend,
-        judge_llm=FaultyJudge(vllm_backend),
+        Answering(vllm_backend, AnswerConfig(max_answer_tokens=48), judge=FaultyJudge(vllm_backend)),
     )
     evaluation = harness.run(EvalConfig(methods="naive,d2q,d2q-minus,qcg,qcg-q", sweeps="hops,knn"))
 
@@ -293,7 +291,11 @@ class Unreachable:
 def test_failed_answers_count_as_incorrect_never_as_abstentions(small_index, questions_file, embedder):
     llm = Unreachable()
     harness = Harness(
-        QCGIndex.load(small_index), load_dataset("jsonl", questions_file), embedder, RetrievalConfig(gamma=1.0), llm=llm
+        QCGIndex.load(small_index),
+        load_dataset("jsonl", questions_file),
+        embedder,
+        RetrievalConfig(gamma=1.0),
+        Answering(llm),
     )
     records = harness.run(EvalConfig(methods="naive")).records
     assert llm.asked == 1  # one batched answering call, no judge call for failed answers
@@ -309,7 +311,7 @@ def test_answers_without_judging_leave_every_judge_value_empty(small_index, ques
         load_dataset("jsonl", questions_file),
         embedder,
         RetrievalConfig(gamma=1.0),
-        llm=vllm_backend,
+        Answering(vllm_backend),
     )
     records = harness.run(EvalConfig(methods="naive", judge=False)).records
     assert [r["type"] for r in records] == ["single", "single", "null"]
@@ -350,7 +352,7 @@ def test_a_killed_evaluation_resumes_from_its_shared_answers(
     def evaluate(store: ReplyStore, load):
         llm = CachedLLM(GenerationConfig(batch_chunks=1), store, load)  # one request in flight: a reply per step
         harness = Harness(
-            index, evalset, embedder, RetrievalConfig(gamma=1.0), AnswerConfig(max_answer_tokens=24), llm=llm
+            index, evalset, embedder, RetrievalConfig(gamma=1.0), Answering(llm, AnswerConfig(max_answer_tokens=24))
         )
         try:
             return harness.run(EvalConfig(methods="naive,qcg")).records, llm

@@ -7,11 +7,13 @@ Every reply is cached the moment it arrives and ``--replies-out`` is rewritten e
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
 from ..config import IndexConfig
 from ..llm.backends import NOT_REPORTED, LLMBackend, make_backend
-from ..llm.cache import GenerationCache, ReplyStore, generation_cache, reply_entry, stored_settings
+from ..llm.cache import ReplyStore, generation_cache, reply_entry, stored_settings
 from . import doc2query
 from .chunking import Chunk
 from .stages import IndexSummary, Pairs, stage
@@ -28,6 +30,16 @@ def generate_pairs(
         return doc2query_run.pairs(chunks)
     finally:
         doc2query_run.close()
+
+
+@dataclass
+class ChunkReplies:
+    """One list of chunks' replies as they are gathered, by cache key (equal chunks share one)."""
+
+    chunks: list[Chunk]
+    keys: list[str]
+    replies: dict
+    failed: dict[str, str] = field(default_factory=dict)  # cache key -> the error of its request
 
 
 class Doc2QueryRun:
@@ -54,19 +66,62 @@ class Doc2QueryRun:
         self.store.use(keys)
         if self.store.stored is not None:
             summary.stored_chunks = (summary.stored_chunks or 0) + sum(key in self.store.stored for key in keys)
-        replies = self.cache.get_many(list(set(keys)))
+        batch = ChunkReplies(chunks, keys, self.cache.get_many(list(set(keys))))
         summary.cache_corrupt = self.cache.corrupt
-        summary.cached_chunks += sum(key in replies for key in keys)
-        missing = list(dict.fromkeys(i for i, key in enumerate(keys) if key not in replies))
-        failed: dict[str, str] = {}
+        summary.cached_chunks += sum(key in batch.replies for key in keys)
+        missing = list(dict.fromkeys(i for i, key in enumerate(keys) if key not in batch.replies))
         if missing:
             with stage(summary, "load_llm"):
                 self.llm = self.llm or make_backend(gen)
             with stage(summary, "generate"):
-                _generate_missing(
-                    chunks, keys, missing, self.llm, gen, self.cache, replies, failed, summary, self.store.share
-                )
-        return _parse_replies(chunks, keys, replies, failed, gen, summary, first_chunk)
+                self._generate(batch, missing)
+        return self._parse(batch, first_chunk)
+
+    def _generate(self, batch: ChunkReplies, missing: list[int]) -> None:
+        """Replies to the chunks numbered ``missing``, cached and shared batch by batch as they arrive."""
+        gen, summary, keys = self.gen, self.summary, batch.keys
+        assert self.llm is not None
+        system = doc2query.system_prompt(gen)
+        conversations = [doc2query.build_conversation(batch.chunks[i].text, gen.m, system) for i in missing]
+        for rows, completions in self.llm.chat_batches(conversations, doc2query.sampling_spec(gen), gen.batch_chunks):
+            fresh = {}
+            for i, completion in zip((missing[r] for r in rows), completions):
+                if completion.error:
+                    batch.failed[keys[i]] = completion.error
+                    continue
+                fresh[keys[i]] = reply_entry(completion)
+                summary.generated_chunks += 1
+                summary.generated_output_tokens += completion.output_tokens
+            self.cache.put_many(fresh)
+            batch.replies.update(fresh)
+            self.store.share()
+        for i in missing:  # a backend that ends without reporting a request: that chunk failed (retryable)
+            if keys[i] not in batch.replies:
+                batch.failed.setdefault(keys[i], NOT_REPORTED)
+
+    def _parse(self, batch: ChunkReplies, first_chunk: int) -> Pairs:
+        """The valid pairs of every chunk that has a reply; failed and empty chunks noted in the summary."""
+        summary = self.summary
+        chunk_ids, gen_index, questions, answers = [], [], [], []
+        for chunk_id, key in enumerate(batch.keys):
+            if key in batch.failed:
+                summary.failed_chunks.append((first_chunk + chunk_id, batch.failed[key]))
+                summary.failed_documents.setdefault(batch.chunks[chunk_id].doc_id, batch.failed[key])
+                continue
+            reply = batch.replies[key]
+            summary.prompt_tokens += int(reply.get("prompt_tokens") or 0)
+            summary.output_tokens += int(reply.get("output_tokens") or 0)
+            summary.truncated_replies += reply.get("finish_reason") == "length"
+            parsed = doc2query.parse_pairs(reply["text"], self.gen.m)
+            summary.dropped.update(parsed.dropped)
+            if not parsed.pairs:
+                summary.empty_chunks.append(first_chunk + chunk_id)
+            for number, (question, answer) in enumerate(parsed.pairs):
+                chunk_ids.append(chunk_id)
+                gen_index.append(number)
+                questions.append(question)
+                answers.append(answer)
+        return Pairs(np.array(chunk_ids, dtype=np.int64), np.array(gen_index, dtype=np.int64), questions, answers)
 
     def close(self) -> None:
         """Log the run's generation rate, write --replies-out a last time, close the cache."""
@@ -105,59 +160,3 @@ def check_stored_settings(path: str, settings: dict) -> list[str]:
         for key, value in values.items()
         if section in settings and settings[section].get(key, value) != value
     ]
-
-
-def _generate_missing(
-    chunks,
-    keys,
-    missing,
-    llm: LLMBackend,
-    gen,
-    cache: GenerationCache,
-    replies: dict,
-    failed: dict,
-    summary: IndexSummary,
-    after_batch,
-) -> None:
-    system = doc2query.system_prompt(gen)
-    conversations = [doc2query.build_conversation(chunks[i].text, gen.m, system) for i in missing]
-    for rows, completions in llm.chat_batches(conversations, doc2query.sampling_spec(gen), gen.batch_chunks):
-        fresh = {}
-        for i, completion in zip((missing[r] for r in rows), completions):
-            if completion.error:
-                failed[keys[i]] = completion.error
-                continue
-            fresh[keys[i]] = reply_entry(completion)
-            summary.generated_chunks += 1
-            summary.generated_output_tokens += completion.output_tokens
-        cache.put_many(fresh)
-        replies.update(fresh)
-        after_batch()
-    for i in missing:  # a backend that ends without reporting a request: that chunk failed (retryable)
-        if keys[i] not in replies:
-            failed.setdefault(keys[i], NOT_REPORTED)
-
-
-def _parse_replies(
-    chunks: list[Chunk], keys: list[str], replies: dict, failed: dict, gen, summary: IndexSummary, first_chunk: int
-) -> Pairs:
-    chunk_ids, gen_index, questions, answers = [], [], [], []
-    for chunk_id, key in enumerate(keys):
-        if key in failed:
-            summary.failed_chunks.append((first_chunk + chunk_id, failed[key]))
-            summary.failed_documents.setdefault(chunks[chunk_id].doc_id, failed[key])
-            continue
-        reply = replies[key]
-        summary.prompt_tokens += int(reply.get("prompt_tokens") or 0)
-        summary.output_tokens += int(reply.get("output_tokens") or 0)
-        summary.truncated_replies += reply.get("finish_reason") == "length"
-        parsed = doc2query.parse_pairs(reply["text"], gen.m)
-        summary.dropped.update(parsed.dropped)
-        if not parsed.pairs:
-            summary.empty_chunks.append(first_chunk + chunk_id)
-        for number, (question, answer) in enumerate(parsed.pairs):
-            chunk_ids.append(chunk_id)
-            gen_index.append(number)
-            questions.append(question)
-            answers.append(answer)
-    return Pairs(np.array(chunk_ids, dtype=np.int64), np.array(gen_index, dtype=np.int64), questions, answers)

@@ -69,7 +69,12 @@ def build_on_cluster(
         if config.nodes.nodes != "sentence":
             llm = llm or cluster.llm(config.generation)
             model_name = llm.model_name
-        _chunk_and_generate(input_path, config, llm, model_name, summary, staging, cluster.config.ray_shard_chunks)
+        doc2query = Doc2QueryRun(llm, model_name, config, summary) if model_name else None
+        try:
+            _chunk_and_generate(input_path, config, doc2query, summary, staging, cluster.config.ray_shard_chunks)
+        finally:
+            if doc2query:
+                doc2query.close()
         embedder, node_embeddings = _embed(staging, config.nodes, cluster, summary)
         with stage(summary, "knn"):
             graph = cluster.knn_graph_of_parts(
@@ -87,21 +92,22 @@ def build_on_cluster(
 
 
 def _chunk_and_generate(
-    input_path, config: IndexConfig, llm, model_name, summary: IndexSummary, staging: Staging, shard_chunks: int
+    input_path,
+    config: IndexConfig,
+    doc2query: Doc2QueryRun | None,
+    summary: IndexSummary,
+    staging: Staging,
+    shard_chunks: int,
 ) -> None:
-    """Stage the corpus's chunks and their parsed pairs, ``shard_chunks`` chunks a shard."""
+    """Stage the corpus's chunks and their parsed pairs (none for sentence nodes: ``doc2query`` None),
+    ``shard_chunks`` chunks a shard."""
     skips = SkipLog()
     chunks = _timed(iter_chunks(input_path, config, summary, skips), summary, "chunk")
-    doc2query = Doc2QueryRun(llm, model_name, config, summary) if model_name else None
-    try:
-        while shard := list(itertools.islice(chunks, shard_chunks)):
-            pairs = doc2query.pairs(shard, first_chunk=summary.chunks) if doc2query else Pairs.empty()
-            staging.put_input(shard, pairs)
-            summary.chunks += len(shard)
-            summary.pairs_valid += len(pairs)
-    finally:
-        if doc2query:
-            doc2query.close()
+    while shard := list(itertools.islice(chunks, shard_chunks)):
+        pairs = doc2query.pairs(shard, first_chunk=summary.chunks) if doc2query else Pairs.empty()
+        staging.put_input(shard, pairs)
+        summary.chunks += len(shard)
+        summary.pairs_valid += len(pairs)
     summary.skipped = skips.items
     if not summary.chunks:
         raise no_chunks_error(input_path, skips)

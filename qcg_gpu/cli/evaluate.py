@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from ..config import PRESETS, AnswerConfig, EvalConfig
+from ..config import PRESETS, AnswerConfig, EvalConfig, RetrievalConfig
 from ..errors import QCGError
 from ..eval.datasets import DATASETS
 from ..llm.cache import ReplyStore, answer_cache
@@ -62,6 +64,20 @@ def add_parser(commands) -> None:
     evaluate.set_defaults(run=run)
 
 
+@dataclass
+class EvalRun:
+    """What one ``qcg eval`` compares: the settings, the main index and the compared ones, the questions."""
+
+    config: EvalConfig
+    index: Any  # QCGIndex (imported when the command runs)
+    compared: dict[str, Any]
+    evalset: Any  # EvalSet
+    retrieval: RetrievalConfig
+    answer_config: AnswerConfig
+    cluster: Any = None
+    llms: dict[str, Any] = field(default_factory=dict)  # "llm" and "judge" when answers are scored
+
+
 def run(args) -> int:
     from ..eval.datasets import load_dataset
     from ..eval.harness import evidence_outside
@@ -81,39 +97,33 @@ def run(args) -> int:
     compared = {label: QCGIndex.load(path, verify=not args.no_verify) for label, path in compare_paths.items()}
     for label, other in compared.items():
         evalset.problems += [f"[{label}] {p}" for p in evidence_outside(other, evalset)]
-    cluster = ray_cluster(args)
+    job = EvalRun(config, index, compared, evalset, retrieval, answer_config, ray_cluster(args))
     if not config.answers:
-        return _evaluate(args, config, index, compared, evalset, retrieval, answer_config, cluster)
+        return _evaluate(args, job)
     store = ReplyStore(answer_cache(config.answers_cache), config.answers_in, config.answers_out)
     try:
-        llm = answering_llm(args, cluster, store=store)
-        judge_llm = answering_llm(args, cluster, args.judge_model, store) if config.judge and args.judge_model else None
-        return _evaluate(args, config, index, compared, evalset, retrieval, answer_config, cluster, llm, judge_llm)
+        job.llms["llm"] = answering_llm(args, job.cluster, store=store)
+        if config.judge and args.judge_model:
+            job.llms["judge"] = answering_llm(args, job.cluster, args.judge_model, store)
+        return _evaluate(args, job)
     finally:
         store.close()  # --answers-out holds every reply so far, whatever happened
 
 
-def _evaluate(
-    args, config, index, compared, evalset, retrieval, answer_config, cluster, llm=None, judge_llm=None
-) -> int:
+def _evaluate(args, job: EvalRun) -> int:
     """Every method on the index (and the compared ones), then the report."""
-    from ..eval.harness import Harness, write_report
+    from ..eval.harness import Answering, Harness, write_report
     from ..query import index_embedder
 
+    config, index, llm, judge_llm = job.config, job.index, job.llms.get("llm"), job.llms.get("judge")
+    answering = Answering(llm, job.answer_config, judge_llm) if llm else None
+
     def harness(ix):
-        return Harness(
-            ix,
-            evalset,
-            index_embedder(ix, args.embed_device),
-            retrieval,
-            answer_config,
-            llm,
-            judge_llm,
-            cluster=cluster,
-        )
+        embedder = index_embedder(ix, args.embed_device)
+        return Harness(ix, job.evalset, embedder, job.retrieval, answering, cluster=job.cluster)
 
     evaluation = harness(index).run(config)
-    for label, other in compared.items():  # the same methods on another index of the corpus; sweeps on the main one
+    for label, other in job.compared.items():  # the same methods on another index of the corpus; sweeps on the main one
         evaluation.add(harness(other).run(dataclasses.replace(config, sweeps="")), label)
     header = {
         "dataset": f"{args.dataset} ({args.data})",
@@ -124,9 +134,9 @@ def _evaluate(
         "answering LLM": llm.model_name if llm else "none (retrieval metrics only)",
         "judge LLM": (judge_llm or llm).model_name if llm and config.judge else "none",
         **({"LLM replies": _replies_note(config, llm, judge_llm)} if llm else {}),
-        "retrieval": dataclasses.asdict(retrieval) | {"knn_k": index.manifest["settings"]["graph"]["knn_k"]},
+        "retrieval": dataclasses.asdict(job.retrieval) | {"knn_k": index.manifest["settings"]["graph"]["knn_k"]},
     }
-    paths = write_report(evaluation, args.out, header, evalset.problems, config.baseline)
+    paths = write_report(evaluation, args.out, header, job.evalset.problems, config.baseline)
     print(paths[1].read_text())
     return 0
 

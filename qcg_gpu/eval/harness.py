@@ -57,8 +57,18 @@ class Evaluation:
             self.chunks_of.setdefault(doc, set()).update(chunks)
 
 
+@dataclass
+class Answering:
+    """What answer metrics need: the answering LLM, its settings, and the judge (the answering LLM if none)."""
+
+    llm: LLMBackend
+    config: AnswerConfig = field(default_factory=AnswerConfig)
+    judge: LLMBackend | None = None
+
+
 class Harness:
-    """Holds what every method shares: the index, its embedder, the questions and their embeddings."""
+    """Holds what every method shares: the index, its embedder, the questions and their embeddings.
+    Answer metrics need ``answering``; ``cluster`` (a ``RayCluster``) splits QCG retrieval over its workers."""
 
     def __init__(
         self,
@@ -66,15 +76,15 @@ class Harness:
         evalset: EvalSet,
         embedder: Embedder,
         retrieval: RetrievalConfig,
-        answer: AnswerConfig | None = None,
-        llm: LLMBackend | None = None,
-        judge_llm: LLMBackend | None = None,
+        answering: Answering | None = None,
         cluster=None,
     ):
         self.index, self.evalset, self.embedder = index, evalset, embedder
-        self.retrieval, self.answer_config = retrieval.validate(), (answer or AnswerConfig()).validate()
-        self.llm, self.judge_llm = llm, judge_llm or llm
-        self.cluster = cluster  # a distributed.RayCluster: QCG retrieval split over its workers
+        self.retrieval = retrieval.validate()
+        self.answer_config = (answering.config if answering else AnswerConfig()).validate()
+        self.llm = answering.llm if answering else None
+        self.judge_llm = (answering.judge or answering.llm) if answering else None
+        self.cluster = cluster
         self.questions, self.types = evalset.questions, _type_order(evalset.questions)
         self.vectors = embedder.encode([q.question for q in self.questions], "questions")
         self.doc_ids = index.chunks.column("doc_id").to_pylist()

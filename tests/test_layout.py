@@ -1,0 +1,53 @@
+"""The package's shape (issue 30): imports point one way, and the top level stays small."""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[0] == "kernels":  # installed as qcg_gpu.kernels
+        parts.insert(0, "qcg_gpu")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, package: list[str], modules: set[str]) -> set[str]:
+    """The package's modules ``path`` imports, at module level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            found |= {f"{module}.{a.name}" for a in node.names} | {module}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return found & modules
+
+
+def test_no_import_cycle():
+    files = sorted((ROOT / "qcg_gpu").rglob("*.py")) + sorted((ROOT / "kernels").rglob("*.py"))
+    names = {path: _module_name(path) for path in files}
+    modules = set(names.values())
+    graph = {}
+    for path, name in names.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        # a module importing its own package's __init__ (or a parent's) is not an edge back
+        graph[name] = {m for m in _imports(path, package, modules) if m != name and not name.startswith(m + ".")}
+    graphlib.TopologicalSorter(graph).prepare()  # raises CycleError naming the cycle
+
+
+def test_top_level_holds_at_most_twelve_modules():
+    top = sorted(p.name for p in (ROOT / "qcg_gpu").glob("*.py"))
+    assert len(top) <= 12, top
+
+
+def test_public_names_resolve_from_the_package():
+    import qcg_gpu
+
+    for name in qcg_gpu.__all__:
+        assert getattr(qcg_gpu, name) is not None, name
