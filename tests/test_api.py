@@ -1,4 +1,4 @@
-"""The Python facade (qcg_gpu/api.py) on a real index, and the README's example of it."""
+"""The Python facade (qcg_gpu/api.py) on a real index, and the examples of it in the README and docs."""
 
 from __future__ import annotations
 
@@ -66,13 +66,27 @@ def test_rag_qa_answers_and_scores(rag):
         rag.rag_qa(QUESTIONS, gold_docs=[["x"]])
 
 
-def test_the_readme_example_runs_and_its_results_hold(small_index, vllm_backend, embedder, monkeypatch, capsys):
-    readme = (REPO / "README.md").read_text()
-    [example] = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "QCGRag(" in b]
+def _example(page: str) -> str:
+    [example] = [b for b in re.findall(r"```python\n(.*?)```", (REPO / page).read_text(), re.S) if "QCGRag(" in b]
+    return example
+
+
+def test_the_readme_example_runs(small_index, embedder, capsys):
+    names: dict = {}
+    exec(compile(_example("README.md").replace('"index/"', repr(str(small_index))), "README.md", "exec"), names)
+    hit = names["hit"]
+    assert capsys.readouterr().out == f"{hit.doc_ids} {hit.scores}\n" and len(hit.doc_ids) > 0
+    index = QCGIndex.load(small_index)
+    result = search(index, embedder.encode(QUESTIONS[:1]), RetrievalConfig(gamma=1.0, top_k=3), "qcg", embedder)
+    assert hit.chunk_ids == [c for c in result.chunk_ids[0].tolist() if c >= 0]
+
+
+def test_the_docs_example_runs_and_its_results_hold(small_index, vllm_backend, embedder, monkeypatch, capsys):
+    example = _example("docs/retrieval.md")
     monkeypatch.setattr("qcg_gpu.llm.backends.make_backend", lambda config: vllm_backend)  # the session's engine
     code = example.replace('"index/"', repr(str(small_index))).replace("week1/", "")  # the small index's doc ids
     names: dict = {}
-    exec(compile(code, "README.md", "exec"), names)
+    exec(compile(code, "docs/retrieval.md", "exec"), names)
     hit, solutions, scores = names["hit"], names["solutions"], names["scores"]
     printed = capsys.readouterr().out
     assert printed == f"{hit.doc_ids} {hit.scores} {hit.texts[0][:80]}\n{solutions[0].answer} {scores}\n"
