@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from qcg_gpu.capabilities import WITH_FAISS, cpu_kind, require
-from qcg_gpu.eval.bench import DIM, TopkRoute, synthetic_index
+from qcg_gpu.capabilities import WITH_FAISS, cpu_kind
+from qcg_gpu.eval.bench import DIM, LibraryRoute, TopkRoute, synthetic_index
 from qcg_gpu.eval.bench import synthetic_queries as make_queries
 from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever, seed_threshold
 from qcg_gpu.retrieval.numpy_backend import NumpyBackend
@@ -81,19 +81,6 @@ def numpy_ranking(index: QCGIndex, queries: np.ndarray, sims, ids, config: Retri
     order = np.lexsort((chunk_of, -means, query_of))  # per query: best mean first, ties by lower chunk id
     starts = np.searchsorted(query_of[order], np.arange(b + 1))
     return [chunk_of[order[starts[q] : min(starts[q + 1], starts[q] + config.top_k)]].tolist() for q in range(b)]
-
-
-class LibraryRoute:
-    """faiss ``IndexFlatIP.search`` for the n best nodes, then :func:`numpy_ranking`."""
-
-    def __init__(self, index: QCGIndex):
-        faiss = require("faiss")
-        self.index, self.flat = index, faiss.IndexFlatIP(index.dim)
-        self.flat.add(index.node_embeddings)
-
-    def search(self, queries: np.ndarray, config: RetrievalConfig) -> list[list[int]]:
-        sims, ids = self.flat.search(queries, config.n)
-        return numpy_ranking(self.index, queries, sims, ids, config)
 
 
 def gemm_seconds(index: QCGIndex, queries: np.ndarray, retriever, prefilter: str | None, device: str) -> float:
@@ -239,7 +226,7 @@ def main() -> None:
             index = synthetic_index(n_nodes)
             queries_all = make_queries(index, max(args.batch))
         # without faiss (the GPU image has none) the baseline is the torch topk route on the same device
-        route = LibraryRoute(index) if WITH_FAISS else TopkRoute(index, args.device)
+        route = LibraryRoute(index, numpy_ranking) if WITH_FAISS else TopkRoute(index, args.device)
         looped = queries_all[: args.loop_queries]
         loop_result = loop_search(index, looped, config)
         for spec in args.backends:

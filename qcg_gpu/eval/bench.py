@@ -134,16 +134,18 @@ def rank_from_seeds(index: QCGIndex, queries: np.ndarray, sims, ids, config: Ret
 
 
 class LibraryRoute:
-    """faiss ``IndexFlatIP.search`` for the n best nodes, then :func:`rank_from_seeds`."""
+    """faiss ``IndexFlatIP.search`` for the n best nodes, then ``rank`` (default
+    :func:`rank_from_seeds`; a benchmark passes its own ranking to time a whole other route)."""
 
-    def __init__(self, index: QCGIndex):
+    def __init__(self, index: QCGIndex, rank=None):
         faiss = require("faiss")
         self.index, self.flat = index, faiss.IndexFlatIP(index.dim)
         self.flat.add(index.node_embeddings)
+        self.rank = rank or rank_from_seeds
 
     def search(self, queries: np.ndarray, config: RetrievalConfig) -> list[list[int]]:
         sims, ids = self.flat.search(queries, config.n)
-        return rank_from_seeds(self.index, queries, sims, ids, config)
+        return self.rank(self.index, queries, sims, ids, config)
 
 
 class TopkRoute:
