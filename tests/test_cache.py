@@ -49,7 +49,7 @@ def test_a_stored_generation_is_written_and_read_in_batches(tmp_path):
     assert file.metadata.num_row_groups == 3 and file.read().column("key").to_pylist() == keys[:-1]
     assert stored_settings(tmp_path / "out.parquet") == {"generation": {"m": 3}}
     fresh = GenerationCache(tmp_path / "fresh.sqlite")
-    assert fresh.import_parquet(tmp_path / "out.parquet") == set(keys[:-1])
+    assert list(fresh.import_parquet(tmp_path / "out.parquet")) == keys[:-1]  # in the file's order
     assert fresh.get_many(["k0", f"k{n - 1}"]) == {
         "k0": {"text": "reply 0", "output_tokens": 0},
         f"k{n - 1}": {"text": f"reply {n - 1}", "output_tokens": n - 1},
@@ -66,6 +66,30 @@ def test_unreadable_stored_rows_are_counted_and_reported(tmp_path, capsys):
     values = ['{"text": "fine"}', "{not json", '{"no_text": 1}', '{"text": "also fine"}']
     pq.write_table(pa.table({"key": ["a", "b", "c", None], "value": values}), path)
     store = ReplyStore(tmp_path / "cache.sqlite", str(path))
-    assert store.stored == {"a"} and store.cache.unreadable_stored == 3  # a key of None counts too
+    assert list(store.stored) == ["a"] and store.cache.unreadable_stored == 3  # a key of None counts too
     assert "3 rows of" in capsys.readouterr().err  # a warning line on stderr (and a note in the build's summary)
     store.close()
+
+
+def test_a_run_rewriting_the_file_it_read_keeps_the_replies_it_did_not_use(tmp_path):
+    """Two evaluations sharing one --answers-in/--answers-out file (run.sh answers runs two): the second
+    must add its replies to the file, not replace the first's (it did, and lost them)."""
+    import pyarrow.parquet as pq
+
+    from qcg_gpu.llm.cache import ReplyStore
+
+    shared = tmp_path / "answers.parquet"
+    first = ReplyStore(tmp_path / "one.sqlite", None, str(shared))
+    first.use(["a", "b"])
+    first.cache.put_many({"a": {"text": "A"}, "b": {"text": "B"}})
+    first.close()
+    second = ReplyStore(tmp_path / "two.sqlite", str(shared), str(shared))  # another machine's cache
+    second.use(["b", "c"])
+    second.cache.put_many({"c": {"text": "C"}})
+    second.close()
+    assert pq.read_table(shared).column("key").to_pylist() == ["a", "b", "c"]
+    elsewhere = tmp_path / "subset.parquet"  # written to another file, a run shares only what it used
+    third = ReplyStore(tmp_path / "two.sqlite", str(shared), str(elsewhere))
+    third.use(["c"])
+    third.close()
+    assert pq.read_table(elsewhere).column("key").to_pylist() == ["c"]

@@ -95,14 +95,15 @@ class GenerationCache:
         tmp.replace(path)  # a reader (or a kill mid-write) never sees half a file
         return rows
 
-    def import_parquet(self, path: str | Path) -> set[str]:
+    def import_parquet(self, path: str | Path) -> dict[str, None]:
         """Add the replies of a file written by :meth:`export_parquet`, STREAM_ROWS rows at a time;
-        returns their keys. Unreadable rows are skipped and counted in ``unreadable_stored``."""
+        returns their keys in the file's order (an ordered set). Unreadable rows are skipped and
+        counted in ``unreadable_stored``."""
         import pyarrow.parquet as pq
 
         if not Path(path).is_file():
             raise QCGError(f"stored replies file not found: {path}")
-        keys: set[str] = set()
+        keys: dict[str, None] = {}
         try:
             for batch in pq.ParquetFile(path).iter_batches(batch_size=STREAM_ROWS, columns=["key", "value"]):
                 entries = {}
@@ -113,7 +114,7 @@ class GenerationCache:
                     else:
                         self.unreadable_stored += 1
                 self.put_many(entries)
-                keys.update(entries)
+                keys.update(dict.fromkeys(entries))
         except (OSError, ValueError, KeyError) as exc:
             raise QCGError(f"cannot read stored replies {path}: {exc}") from exc
         return keys
@@ -149,7 +150,8 @@ def answer_cache(path: str | None) -> Path:
 class ReplyStore:
     """A run's replies: the cache, a stored file added to it first (``replies_in``), and the keys the run
     used, written to ``replies_out`` in that order at most every SHARE_EVERY_S seconds and at
-    :meth:`close`, so a killed run leaves what it finished to share or commit."""
+    :meth:`close`, so a killed run leaves what it finished to share or commit. When ``replies_out`` is
+    the file read in, it keeps that file's replies first: two runs sharing one file add to it."""
 
     def __init__(
         self,
@@ -164,6 +166,8 @@ class ReplyStore:
             logger.warning(self.unreadable_note(replies_in))
         self.out, self.settings = replies_out, settings
         self.seen = dict[str, None]()  # the run's keys in order (an ordered set); kept only for replies_out
+        if self.stored and replies_out and Path(replies_out).resolve() == Path(replies_in or "").resolve():
+            self.seen.update(self.stored)  # rewriting the file read in: keep every reply it held, not only this run's
         self.last_shared = 0.0
 
     def unreadable_note(self, path) -> str:
