@@ -9,5 +9,5 @@ scripts/install.sh dev
 "$PY" -m ruff format --check --quiet .
 "$PY" -m ruff check --quiet .
 "$PY" -m mypy
-"$PY" -m mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
+"$PY" -m mkdocs build --strict --site-dir "$(mktemp -d)"  # not --quiet: it hides the warnings strict fails on
 "$PY" -m pytest -q --durations=15 "$@"
