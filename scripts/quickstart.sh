@@ -7,7 +7,7 @@ PY=${PYTHON:-python3}
 SAMPLE=examples/lihuaworld_sample
 scripts/install.sh
 # M = 10 pairs per chunk (the paper's 20 is the default of `qcg index build`): half the generation, so the
-# whole script runs in about 4 minutes on 2 idle cores once installed (benchmarks/RESULTS.md).
+# whole script runs in about 3.5 minutes on 2 idle cores once installed (benchmarks/RESULTS.md).
 "$PY" -m qcg_gpu.cli index build "$SAMPLE/docs" out/lihuaworld_sample --overwrite --m 10 "$@"
 # The batch job: the sample's questions retrieved by naive RAG, Doc2Query-- and QCG, scored against
 # their evidence. gamma 1.0 (the paper's MultiHop-RAG value): the 135M model's pairs rarely reach
