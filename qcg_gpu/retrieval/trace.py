@@ -14,9 +14,10 @@ def trace_query(index: QCGIndex, query: np.ndarray, seed_ids: np.ndarray, seed_s
     node count, best first (ties by lower chunk id)."""
     seeds = seed_ids[seed_ids >= 0]
     reached = reached_nodes(index, seeds, hops)
-    chunk_ids, scores, _ = rank_from_seeds(index, query[None], seed_ids[None], hops, max(index.n_chunks, 1))
-    found = chunk_ids[0] >= 0
     nodes_per_chunk = np.bincount(index.node_chunk[reached], minlength=index.n_chunks)
+    reached_chunks = max(int(np.count_nonzero(nodes_per_chunk)), 1)  # rank them all, and no more (K costs)
+    chunk_ids, scores, _ = rank_from_seeds(index, query[None], seed_ids[None], hops, reached_chunks)
+    found = chunk_ids[0] >= 0
     return {
         "seeds": [{"node_id": int(u), "sim": float(s)} for u, s in zip(seeds, seed_sims[: len(seeds)])],
         "expanded": reached[len(seeds) :].tolist(),
