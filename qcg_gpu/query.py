@@ -16,7 +16,7 @@ from .embedding import Embedder
 from .errors import QCGError
 from .eval.runfiles import Ranking, chunk_docno, document_ranking
 from .models import DEFAULT_EMBEDDER
-from .retrieval import QCGIndex, RetrievalConfig, RetrievalResult, trace_query
+from .retrieval import QCGIndex, RetrievalConfig, RetrievalResult, trace_queries
 
 
 def check_output_file(path: str | Path | None) -> None:
@@ -112,6 +112,7 @@ def describe(
 ) -> list[dict]:
     """One JSON-ready record per query; a trace when ``queries`` (their embeddings) is given."""
     doc_ids = index.chunks.column("doc_id").to_pylist()
+    traces = trace_queries(index, queries, result, config.hops) if queries is not None else None
     records = []
     for b, query_id in enumerate(ids):
         chunks = [
@@ -120,8 +121,8 @@ def describe(
             if c >= 0
         ]
         record: dict = {"query_id": query_id, **({"query": texts[b]} if texts else {}), "chunks": chunks}
-        if queries is not None:
-            record["trace"] = trace_query(index, queries[b], result.seed_ids[b], result.seed_sims[b], config.hops)
+        if traces is not None:
+            record["trace"] = traces[b]
         records.append(record)
     return records
 

@@ -364,14 +364,16 @@ def test_bad_parameters(options, message):
 def test_trace_matches_a_plain_python_walk():
     """The trace view (the CPU backend's kernels) against breadth-first sets and means in plain Python."""
     from qcg_gpu.eval.bench import synthetic_index, synthetic_queries
-    from qcg_gpu.retrieval import trace_query
+    from qcg_gpu.retrieval import trace_queries, trace_query
 
     index = synthetic_index(3000, k=4)
     queries = synthetic_queries(index, 8)
     config = RetrievalConfig(gamma=1.5, hops=2)
     result = Retriever(index, config).search(queries)
+    batch = trace_queries(index, queries, result, config.hops)  # one compact graph for the batch
     for b in range(len(queries)):
         trace = trace_query(index, queries[b], result.seed_ids[b], result.seed_sims[b], config.hops)
+        assert batch[b] == trace
         seeds = [int(u) for u in result.seed_ids[b] if u >= 0]
         selected, frontier, per_hop = set(seeds), set(seeds), []
         for _ in range(config.hops):

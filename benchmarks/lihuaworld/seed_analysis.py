@@ -28,7 +28,7 @@ from qcg_gpu.config import RetrievalConfig
 from qcg_gpu.eval.datasets import NULL_TYPE, load_dataset
 from qcg_gpu.eval.metrics import evidence_recall
 from qcg_gpu.query import index_embedder
-from qcg_gpu.retrieval import QCGIndex, search, trace_query
+from qcg_gpu.retrieval import QCGIndex, search, trace_queries
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "lihuaworld"
 
@@ -42,10 +42,11 @@ def analyse(index: QCGIndex, data: Path, config: RetrievalConfig) -> dict[str, d
     chunk_doc = np.array(index.chunks.column("doc_id").to_pylist(), dtype=object)
     node_doc = chunk_doc[index.node_chunk]
     rows: dict[str, list[dict[str, float]]] = defaultdict(list)
+    traces = trace_queries(index, vectors, qcg, config.hops)
     for b, q in enumerate(questions):
         evidence = set(q.evidence)
         seeds = qcg.seed_ids[b][qcg.seed_ids[b] >= 0]
-        trace = trace_query(index, vectors[b], qcg.seed_ids[b], qcg.seed_sims[b], config.hops)
+        trace = traces[b]
         selected = np.array([s["node_id"] for s in trace["seeds"]] + trace["expanded"], dtype=np.int64)
         top = [int(c) for c in qcg.chunk_ids[b] if c >= 0]
         row = {

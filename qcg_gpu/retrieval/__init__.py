@@ -21,7 +21,7 @@ from ..config import PRESETS, RetrievalConfig
 from .index import QCGIndex
 from .result import RetrievalResult, check_queries, seed_threshold
 from .search import BASELINES, METHODS, Retriever, search
-from .trace import trace_query
+from .trace import trace_queries, trace_query
 
 __all__ = [
     "BASELINES",
@@ -34,5 +34,6 @@ __all__ = [
     "check_queries",
     "search",
     "seed_threshold",
+    "trace_queries",
     "trace_query",
 ]

@@ -108,11 +108,11 @@ def rank_from_seeds(
     )
 
 
-def reached_nodes(index: QCGIndex, seeds: np.ndarray, hops: int) -> np.ndarray:
+def reached_nodes(index: QCGIndex, seeds: np.ndarray, hops: int, graph: tuple | None = None) -> np.ndarray:
     """Q* of one query from its seeds, in breadth-first order (the seeds, then each hop's new nodes)."""
     from ..kernels import expand_cpu
 
-    indptr, indices, _ = compact_graph(index)
+    indptr, indices, _ = graph if graph is not None else compact_graph(index)
     return expand_cpu.reached_nodes(np.asarray(seeds, dtype=np.int64), indptr, indices, index.n_nodes, hops)
 
 
