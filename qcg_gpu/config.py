@@ -163,7 +163,10 @@ class GenerationConfig:
         5, "OpenAI-compatible backend: retries (exponential backoff) on 429/5xx/timeouts.", runtime=True
     )
     request_timeout: float = option(
-        300.0, "OpenAI-compatible backend: seconds before one request times out.", runtime=True
+        1800.0,
+        "OpenAI-compatible backend: seconds one request may take, its wait in the server's queue included, before "
+        "it is abandoned and sent again (the server drops its work: keep this above the slowest reply under load).",
+        runtime=True,
     )
     structured_output: bool = option(
         True, "Constrain the LLM to the pairs JSON schema (turn off for servers that lack it)."

