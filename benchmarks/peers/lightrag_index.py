@@ -45,6 +45,8 @@ def parse_args() -> argparse.Namespace:
 
 async def index(args: argparse.Namespace) -> dict:
     async def llm(prompt, system_prompt=None, history_messages=None, **kwargs):
+        if args.llm_timeout:  # the OpenAI client's own timeout (default 600 s), apart from LightRAG's
+            kwargs.setdefault("timeout", args.llm_timeout)
         return await openai_complete_if_cache(
             args.model,
             prompt,
