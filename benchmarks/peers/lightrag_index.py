@@ -6,11 +6,11 @@ overlapping, 4 LLM calls in flight, one gleaning pass, its LLM cache in a fresh 
 with two exceptions this offline machine forces: its tokenizer counts with tiktoken's cl100k_base
 (the one vocabulary installed offline; LightRAG's default, gpt-4o-mini's o200k_base, is downloaded
 at run time), and embeddings come from the benchmark's OpenAI-compatible embedding endpoint.
-``--llm-timeout`` lets the benchmark give LightRAG's LLM calls qcg's request timeout: with its
-240 s, a slow CPU server fails whole documents. The
-embedding function declares no token limit (like OpenAI's 8k-token embedders): with one, LightRAG
-re-splits its chunks to the embedder's limit (256 for all-MiniLM-L6-v2) before extraction, which
-would multiply its LLM calls; the endpoint embeds long texts as qcg does (mean over windows).
+``--llm-timeout`` lets the benchmark give LightRAG's LLM calls (and its OpenAI client) qcg's request
+timeout: with its 240 s, a slow CPU server fails whole documents. The embedding function declares
+no token limit (like OpenAI's 8k-token embedders): with one, LightRAG re-splits its chunks to the
+embedder's limit (256 for all-MiniLM-L6-v2) before extraction, which would multiply its LLM calls;
+the endpoint embeds long texts as qcg does (mean over windows).
 
     python lightrag_index.py --docs DIR --work DIR --base-url URL --model NAME --embed-url URL --embed-dim 384
 """
