@@ -38,6 +38,8 @@ from datetime import date
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import openai
+
 from qcg_gpu.capabilities import cpu_kind, with_cuda
 from qcg_gpu.config import GenerationConfig
 from qcg_gpu.embedding import Embedder
@@ -141,8 +143,6 @@ def vllm_server(model_dir: str, port: int, max_model_len: int | None, log: Path)
 def warm_up(url: str, prompts: int = 8, words: int = 1500) -> None:
     """Long prompts in one step before anything is timed: the engine's first big step spends minutes
     in the kernel (memory first touched), which would be charged to whichever system went first."""
-    import openai
-
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="not-needed")
     ask = [{"role": "user", "content": "bread " * words}]
     with ThreadPoolExecutor(prompts) as pool:
@@ -269,10 +269,13 @@ class Run:
     timeout: float  # seconds one system may take
 
 
-def qcg_sampling(model_name: str) -> list[str]:
+def qcg_settings(model_name: str, in_process: bool) -> list[str]:
     """The generation settings docs/models.md gives for the model: the defaults suit the bundled
-    SmolLM2; Qwen models indent their JSON and are penalised for copying the chunk's words."""
-    return [] if model_name == DEFAULT_LLM else ["--top-p", "1.0", "--repetition-penalty", "1.0"]
+    SmolLM2; Qwen models indent their JSON (compact JSON is the server's setting, above, when served)
+    and are penalised for copying the chunk's words."""
+    if model_name == DEFAULT_LLM:
+        return []
+    return ["--top-p", "1.0", "--repetition-penalty", "1.0"] + (["--compact-json"] if in_process else [])
 
 
 def index_with_qcg(run: Run, system: str, llm_options: list) -> tuple[float, int | None, dict]:
@@ -334,16 +337,15 @@ def main() -> None:
             for system in served:
                 before = server_counters(url)
                 if system == "qcg-openai":
-                    openai = ["--backend", "openai", "--base-url", f"{url}/v1", "--model", SERVED_NAME]
-                    wall, code, detail = index_with_qcg(run, system, openai + qcg_sampling(model_name))
+                    through = ["--backend", "openai", "--base-url", f"{url}/v1", "--model", SERVED_NAME]
+                    through += qcg_settings(model_name, in_process=False)
+                    wall, code, detail = index_with_qcg(run, system, through)
                 else:
                     wall, code, detail = index_with_lightrag(run, python, f"{url}/v1", args.port + 1)
                 record(system, wall, code, counter_delta(before, server_counters(url)), detail)
     if "qcg-inprocess" in args.systems:  # the server is down: the engine has the machine to itself
-        compact = [] if model_name == DEFAULT_LLM else ["--compact-json"]
-        wall, code, detail = index_with_qcg(
-            run, "qcg-inprocess", ["--model", model_dir, *qcg_sampling(model_name), *compact]
-        )
+        in_process = ["--model", model_dir, *qcg_settings(model_name, in_process=True)]
+        wall, code, detail = index_with_qcg(run, "qcg-inprocess", in_process)
         tokens = detail.get("manifest_llm_tokens", {})
         counters = {"requests": detail.get("chunks"), "prompt_tokens": tokens.get("prompt")}
         record("qcg-inprocess", wall, code, {**counters, "output_tokens": tokens.get("output")}, detail)
