@@ -23,11 +23,11 @@ import statistics
 import time
 from pathlib import Path
 
-from qcg_gpu.build import doc2query
-from qcg_gpu.build.documents import SkipLog
-from qcg_gpu.build.stages import IndexSummary, iter_chunks
 from qcg_gpu.capabilities import cpu_kind
 from qcg_gpu.config import IndexConfig
+from qcg_gpu.indexing import doc2query
+from qcg_gpu.indexing.documents import SkipLog
+from qcg_gpu.indexing.stages import IndexSummary, iter_chunks
 from qcg_gpu.llm.backends import VLLMBackend
 
 DOCS = Path(__file__).resolve().parents[1] / "examples" / "lihuaworld_sample" / "docs"

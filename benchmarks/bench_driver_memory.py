@@ -49,10 +49,10 @@ def write_inputs(root: Path, n: int, pairs: int) -> tuple[Path, Path]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from qcg_gpu.build import doc2query
-    from qcg_gpu.build.documents import SkipLog
-    from qcg_gpu.build.generation import reply_settings
-    from qcg_gpu.build.stages import IndexSummary, iter_chunks
+    from qcg_gpu.indexing import doc2query
+    from qcg_gpu.indexing.documents import SkipLog
+    from qcg_gpu.indexing.generation import reply_settings
+    from qcg_gpu.indexing.stages import IndexSummary, iter_chunks
     from qcg_gpu.llm.backends import llm_name
     from qcg_gpu.llm.cache import SETTINGS_KEY
 
@@ -122,7 +122,7 @@ def one_build(mode: str, root: Path, pairs: int, workers: int, shard_chunks: int
         import torch
 
         torch.set_num_threads(1)  # the workers take the driver's thread count: one core each, as Ray shares them
-        from qcg_gpu.build.distributed import RayCluster
+        from qcg_gpu.cluster import RayCluster
         from qcg_gpu.config import RayConfig
 
         cluster = RayCluster(RayConfig(ray=True, ray_workers=workers, ray_shard_chunks=shard_chunks))

@@ -1,6 +1,6 @@
 """Incremental kNN updates vs a full rebuild of the graph, on one synthetic index, in one run.
 
-Adds (then removes) a batch of nodes to an N-node kNN graph with qcg_gpu.build.knn.add_nodes /
+Adds (then removes) a batch of nodes to an N-node kNN graph with qcg_gpu.indexing.knn.add_nodes /
 remove_nodes and times a full knn_graph over the same nodes side by side; the results are
 checked equal in the same run. The graph is what grows with N (generation and embedding
 cost is per new chunk either way), so synthetic vectors stand in for pairs.
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from qcg_gpu.build.knn import add_nodes, knn_graph, remove_nodes
 from qcg_gpu.capabilities import cpu_kind
+from qcg_gpu.indexing.knn import add_nodes, knn_graph, remove_nodes
 
 DIM = 384
 

@@ -15,13 +15,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from qcg_gpu.build import doc2query
-from qcg_gpu.build.chunking import chunk_document, load_tokenizer
-from qcg_gpu.build.documents import SkipLog, read_documents
-from qcg_gpu.build.pipeline import build_index
 from qcg_gpu.capabilities import cpu_kind
 from qcg_gpu.config import IndexConfig
 from qcg_gpu.embedding import Embedder
+from qcg_gpu.indexing import doc2query
+from qcg_gpu.indexing.chunking import chunk_document, load_tokenizer
+from qcg_gpu.indexing.documents import SkipLog, read_documents
+from qcg_gpu.indexing.pipeline import build_index
 from qcg_gpu.llm.backends import VLLMBackend
 
 DEFAULT_DOCS = Path(__file__).resolve().parents[2] / "shared" / "data" / "lihuaworld" / "docs"

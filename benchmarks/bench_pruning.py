@@ -24,7 +24,6 @@ import numpy as np
 from qcg_gpu.capabilities import cpu_kind, require
 from qcg_gpu.eval.bench import synthetic_index, synthetic_queries
 from qcg_gpu.eval.datasets import load_dataset
-from qcg_gpu.query import index_embedder
 from qcg_gpu.retrieval import QCGIndex
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "lihuaworld"
@@ -93,7 +92,7 @@ def main() -> None:
     if args.index:
         index = QCGIndex.load(args.index)
         questions = [q.question for q in load_dataset("lihuaworld", args.data).questions]
-        queries = index_embedder(index).encode(questions, "questions")
+        queries = index.embedder().encode(questions, "questions")
         measure("LiHuaWorld nodes", np.asarray(index.node_embeddings, np.float32), queries)
 
 

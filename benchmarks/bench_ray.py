@@ -95,7 +95,7 @@ def compare_builds(name: str, docs: Path, work: Path, options: list[str], worker
 
 
 def compare_retrieval(n: int, b: int, workers: int) -> dict:
-    from qcg_gpu.build.distributed import RayCluster
+    from qcg_gpu.cluster import RayCluster
     from qcg_gpu.config import RayConfig
 
     index, config = synthetic_index(n), RetrievalConfig(backend="numpy")

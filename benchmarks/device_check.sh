@@ -36,11 +36,6 @@ fi
 OUT=${OUT:-benchmarks/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD  # the checkout, no install (the image cannot fetch our dependencies)
-python3 - <<'EOF'  # qcg_gpu.kernels is the top-level kernels/ folder: link it where the import looks
-import os
-if not os.path.exists("qcg_gpu/kernels"):
-    os.symlink("../kernels", "qcg_gpu/kernels")
-EOF
 nvidia-smi -L | tee "$OUT/device.txt"
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/device.txt"
 

@@ -15,8 +15,8 @@ __version__ = "0.1.0"
 
 
 def build_index(*args, **kwargs):
-    """See :func:`qcg_gpu.build.pipeline.build_index` (imported lazily: it pulls in torch)."""
-    from .build.pipeline import build_index as _build_index
+    """See :func:`qcg_gpu.indexing.pipeline.build_index` (imported lazily: it pulls in torch)."""
+    from .indexing.pipeline import build_index as _build_index
 
     return _build_index(*args, **kwargs)
 
@@ -24,10 +24,10 @@ def build_index(*args, **kwargs):
 _LAZY = {  # public names whose modules pull in torch, vLLM or Ray: imported when first used
     "QCGRag": "api",
     "QuerySolution": "api",
-    "add_documents": "build.incremental",
-    "remove_documents": "build.incremental",
-    "retry_failed": "build.incremental",
-    "RayCluster": "build.distributed",
+    "add_documents": "indexing.incremental",
+    "remove_documents": "indexing.incremental",
+    "retry_failed": "indexing.incremental",
+    "RayCluster": "cluster",
 }
 
 

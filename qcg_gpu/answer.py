@@ -3,8 +3,8 @@ the context capped at ``max_context_tokens``; all questions in one batched call.
 
 from __future__ import annotations
 
-from .build.chunking import load_tokenizer
 from .config import AnswerConfig, prompt_text
+from .indexing.chunking import load_tokenizer
 from .llm.backends import Completion, LLMBackend, SamplingSpec
 
 ABSTAIN = "Insufficient information"

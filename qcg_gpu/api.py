@@ -52,7 +52,6 @@ class QCGRag:
         answer: AnswerConfig | None = None,
         embed_device: str | None = None,
     ):
-        from .query import index_embedder
         from .retrieval import METHODS, QCGIndex
 
         if method not in METHODS:
@@ -60,7 +59,7 @@ class QCGRag:
         self.index = QCGIndex.load(index)
         self.retrieval = (retrieval or RetrievalConfig()).validate()
         self.method, self.answer_config = method, (answer or AnswerConfig()).validate()
-        self.embedder = index_embedder(self.index, embed_device)
+        self.embedder = self.index.embedder(embed_device)
         self._llm = llm
 
     def retrieve(self, questions: list[str], top_k: int | None = None) -> list[QuerySolution]:

@@ -1,10 +1,10 @@
 import pytest
 
-from qcg_gpu.build import documents
-from qcg_gpu.build.chunking import chunk_document, load_tokenizer
-from qcg_gpu.build.documents import SkipLog, read_documents
 from qcg_gpu.config import ChunkingConfig
 from qcg_gpu.errors import QCGError
+from qcg_gpu.indexing import documents
+from qcg_gpu.indexing.chunking import chunk_document, load_tokenizer
+from qcg_gpu.indexing.documents import SkipLog, read_documents
 from qcg_gpu.models import bundled_embedder_dir
 
 from .conftest import SAMPLE_DOCS

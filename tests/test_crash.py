@@ -13,9 +13,9 @@ import time
 import pytest
 
 from qcg_gpu import build_index
-from qcg_gpu.check import check_index
 from qcg_gpu.config import IndexConfig
 from qcg_gpu.index_format import SUPERSEDED, data_dir, load_table, read_manifest
+from qcg_gpu.integrity import check_index
 
 from .conftest import qcg, sample_docs
 
@@ -77,9 +77,9 @@ def test_kill_during_a_rebuild_keeps_a_sound_index(tmp_path, stage, embedder):
 
 
 def _chunks_at_300(docs) -> int:
-    from qcg_gpu.build.chunking import chunk_document, load_tokenizer
-    from qcg_gpu.build.documents import SkipLog, read_documents
     from qcg_gpu.config import ChunkingConfig
+    from qcg_gpu.indexing.chunking import chunk_document, load_tokenizer
+    from qcg_gpu.indexing.documents import SkipLog, read_documents
 
     tokenizer, config = load_tokenizer("cl100k_base"), ChunkingConfig(chunk_tokens=300)
     return sum(

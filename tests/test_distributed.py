@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 
 from qcg_gpu import build_index
-from qcg_gpu.build.distributed import RayCluster, RayDataLLM
-from qcg_gpu.build.incremental import add_documents
-from qcg_gpu.build.throughput import measured_runs, throughput_log
 from qcg_gpu.cli import main
+from qcg_gpu.cluster import RayCluster
 from qcg_gpu.config import GenerationConfig, RayConfig
 from qcg_gpu.errors import QCGError
 from qcg_gpu.index_format import read_manifest
+from qcg_gpu.indexing.distributed import RayDataLLM, ray_llm
+from qcg_gpu.indexing.incremental import add_documents
+from qcg_gpu.indexing.throughput import measured_runs, throughput_log
 from qcg_gpu.llm.backends import SamplingSpec
 from qcg_gpu.retrieval import RetrievalConfig, Retriever
 
@@ -104,7 +105,7 @@ def test_pair_build_through_ray_data_llm_equals_one_process(tmp_path, cluster, e
     assert not cluster.uses_ray_data_llm()  # 'auto' keeps the engine actors on a CPU cluster
     cluster.release()  # the processor's engines need the workers' cores
     data = RayCluster(RayConfig(ray=True, ray_workers=2, ray_llm="data"))
-    assert isinstance(data.llm(GenerationConfig()), RayDataLLM)
+    assert isinstance(ray_llm(data, GenerationConfig()), RayDataLLM)
     docs, config = sample_docs(tmp_path / "docs", 2), _config(tmp_path)
     try:
         on_ray = build_index(docs, tmp_path / "ray", config, cluster=data)
@@ -123,7 +124,7 @@ def test_engines_stream_each_reply_back_as_it_finishes(cluster):
     (window 1: one at a time), not batch by batch; every conversation is answered once."""
     asked = [[{"role": "user", "content": f"Count from {i} to {i + 5}."}] for i in range(5)]
     sampling = SamplingSpec(temperature=0.0, top_p=1.0, max_tokens=8, seed=0)
-    streamed = list(cluster.llm(GenerationConfig()).chat_batches(asked, sampling, 1))
+    streamed = list(ray_llm(cluster, GenerationConfig()).chat_batches(asked, sampling, 1))
     assert [len(rows) for rows, _ in streamed] == [1] * 5
     assert sorted(row for rows, _ in streamed for row in rows) == [0, 1, 2, 3, 4]
     assert all(c.output_tokens > 0 and c.error is None for _, completions in streamed for c in completions)
@@ -137,7 +138,7 @@ def test_answers_from_engines_on_ray_workers(cluster):
     questions = ["What colour is the bike?", "Who bakes the bread?", "Where is the meeting?"]
     contexts = ["Li Hua rides a red bike to work.", "Adam bakes the bread every morning.", "The meeting is in room 4."]
     completions = answer_questions(
-        cluster.llm(GenerationConfig()), questions, contexts, AnswerConfig(max_answer_tokens=16)
+        ray_llm(cluster, GenerationConfig()), questions, contexts, AnswerConfig(max_answer_tokens=16)
     )
     assert len(completions) == 3 and not any(c.error for c in completions)
     assert all(c.text.strip() and 0 < c.output_tokens <= 16 for c in completions)

@@ -4,9 +4,9 @@ import re
 
 import pytest
 
-from qcg_gpu.build.doc2query import build_conversation, cache_key, pairs_schema, parse_pairs, sampling_spec
 from qcg_gpu.config import GenerationConfig, result_fields
 from qcg_gpu.errors import QCGError
+from qcg_gpu.indexing.doc2query import build_conversation, cache_key, pairs_schema, parse_pairs, sampling_spec
 
 
 def _reply(pairs):
@@ -177,8 +177,8 @@ def test_bad_engine_settings_fail_before_a_model_loads(options, message):
 
 def test_prompt_files_hold_the_system_prompts(tmp_path):
     from qcg_gpu.answer import answer_conversations
-    from qcg_gpu.build.doc2query import system_prompt
     from qcg_gpu.config import AnswerConfig
+    from qcg_gpu.indexing.doc2query import system_prompt
 
     german = tmp_path / "de.txt"
     german.write_text("Schreibe Frage-Antwort-Paare auf Deutsch. Antworte nur mit JSON.\n")

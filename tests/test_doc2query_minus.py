@@ -1,6 +1,6 @@
 import numpy as np
 
-from qcg_gpu.build.doc2query_minus import keep_count, keep_mask
+from qcg_gpu.indexing.doc2query_minus import keep_count, keep_mask
 
 
 def test_keep_count_is_a_float_safe_ceiling():

@@ -5,8 +5,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from qcg_gpu.build.documents import SkipLog, read_documents
 from qcg_gpu.errors import QCGError
+from qcg_gpu.indexing.documents import SkipLog, read_documents
 
 
 def _read(path):
@@ -117,7 +117,7 @@ def test_dangling_symlink_is_skipped_as_unreadable(tmp_path):
 def test_a_200_mb_document_streams_in_bounded_pieces(tmp_path):
     import tracemalloc
 
-    from qcg_gpu.build.documents import MAX_PIECE_CHARS, READ_BLOCK_BYTES
+    from qcg_gpu.indexing.documents import MAX_PIECE_CHARS, READ_BLOCK_BYTES
 
     line = "Li Hua: the parcel room opens at nine and closes at five on weekdays.\n"
     with open(tmp_path / "huge.txt", "w") as fh:
@@ -136,8 +136,8 @@ def test_a_200_mb_document_streams_in_bounded_pieces(tmp_path):
 
 
 def test_100k_tiny_documents(tmp_path):
-    from qcg_gpu.build.chunking import chunk_document, load_tokenizer
     from qcg_gpu.config import ChunkingConfig
+    from qcg_gpu.indexing.chunking import chunk_document, load_tokenizer
 
     with open(tmp_path / "tiny.jsonl", "w") as fh:
         for i in range(100_000):

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from qcg_gpu import build_index
-from qcg_gpu.build.incremental import add_documents, remove_documents
 from qcg_gpu.embedding import Embedder
 from qcg_gpu.errors import QCGError
 from qcg_gpu.index_format import load_array, load_table, read_manifest
+from qcg_gpu.indexing.incremental import add_documents, remove_documents
 
 from .conftest import SAMPLE_DOCS, sample_docs
 from .test_index_build import Recording, _config
@@ -149,8 +149,8 @@ def test_command_line_add_and_remove(tmp_path, cli):
 
 @pytest.mark.llm
 def test_dry_run_forecast_counts_what_the_build_spends(tmp_path, vllm_backend, embedder):
-    from qcg_gpu.build.forecast import forecast
-    from qcg_gpu.build.throughput import measured_runs
+    from qcg_gpu.indexing.forecast import forecast
+    from qcg_gpu.indexing.throughput import measured_runs
 
     docs = sample_docs(tmp_path / "docs", 3)
     config = _config(tmp_path)

@@ -11,11 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from qcg_gpu import build_index
-from qcg_gpu.build.knn import knn_graph
-from qcg_gpu.build.nodes import split_sentences
 from qcg_gpu.config import IndexConfig
 from qcg_gpu.errors import QCGError
 from qcg_gpu.index_format import load_array, load_table, read_manifest
+from qcg_gpu.indexing.knn import knn_graph
+from qcg_gpu.indexing.nodes import split_sentences
 from qcg_gpu.llm.backends import Completion, LLMBackend, SamplingSpec
 from qcg_gpu.llm.cache import GenerationCache, stored_settings
 
@@ -165,7 +165,7 @@ def test_stored_replies_replay_a_generation_without_loading_an_llm(
     def no_llm(_config):
         raise AssertionError("the LLM was loaded although every reply was stored")
 
-    monkeypatch.setattr("qcg_gpu.build.generation.make_backend", no_llm)
+    monkeypatch.setattr("qcg_gpu.indexing.generation.make_backend", no_llm)
     replay = _config(tmp_path / "elsewhere")  # an empty cache: every reply comes from the file
     replay.generation.replies_in = str(tmp_path / "replies.parquet")
     summary = build_index(few_docs, tmp_path / "replayed", replay, llm=None, embedder=embedder)
@@ -332,7 +332,7 @@ def test_llm_faults_are_counted_and_failed_chunks_retried(tmp_path, few_docs, vl
 def test_retry_regenerates_only_the_failed_chunks_and_equals_a_rebuild(tmp_path, few_docs, vllm_backend, embedder, cli):
     import json
 
-    from qcg_gpu.build.incremental import retry_failed
+    from qcg_gpu.indexing.incremental import retry_failed
 
     def fault(i, completion):
         return Completion(error="RuntimeError: engine died") if i == 1 else completion

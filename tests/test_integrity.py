@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from qcg_gpu import build_index
-from qcg_gpu.check import check_index
 from qcg_gpu.config import IndexConfig
 from qcg_gpu.errors import QCGError
 from qcg_gpu.index_format import data_dir, file_sha256
+from qcg_gpu.integrity import check_index
 from qcg_gpu.retrieval import QCGIndex
 
 from .conftest import sample_docs

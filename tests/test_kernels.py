@@ -1,4 +1,4 @@
-"""The Triton gather-dot kernel (kernels/gather_dot.py) and its numba twin against float64:
+"""The Triton gather-dot kernel (qcg_gpu/kernels/gather_dot.py) and its numba twin against float64:
 compiled on CUDA when a GPU is present, and in Triton's interpreter on CPU tensors (in a
 subprocess: the interpreter is chosen when the kernel is compiled), also inside the torch
 retrieval backend against the plain reference."""

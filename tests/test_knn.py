@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from qcg_gpu.build.knn import knn_graph
+from qcg_gpu.indexing.knn import knn_graph
 
 from .conftest import KNN_BACKENDS as BACKENDS
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from qcg_gpu.build.knn import add_nodes, knn_graph, remove_nodes
+from qcg_gpu.indexing.knn import add_nodes, knn_graph, remove_nodes
 
 from .conftest import KNN_BACKENDS
 

@@ -8,9 +8,9 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from qcg_gpu.build import doc2query
 from qcg_gpu.config import GenerationConfig
 from qcg_gpu.errors import QCGError
+from qcg_gpu.indexing import doc2query
 from qcg_gpu.llm.backends import SamplingSpec
 
 from .conftest import qcg, sample_docs

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from qcg_gpu.answer import build_context
-from qcg_gpu.build.chunking import load_tokenizer
 from qcg_gpu.index_format import data_dir, load_table
+from qcg_gpu.indexing.chunking import load_tokenizer
 from qcg_gpu.retrieval import RetrievalConfig, Retriever
 
 from .conftest import qcg

@@ -3,9 +3,9 @@ import itertools
 import numpy as np
 import pytest
 
-from qcg_gpu.build.knn import knn_graph
 from qcg_gpu.capabilities import WITH_TORCH
 from qcg_gpu.errors import QCGError
+from qcg_gpu.indexing.knn import knn_graph
 from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever, check_queries
 
 from .conftest import DEVICES
@@ -303,7 +303,7 @@ def test_prefilter_error_bounds_hold_for_the_real_gemm(kind):
         tile, bound, unit = prefilter.round_tile(q)
         keys = prefilter.keys(tile, 0, prefilter.output(len(q)))
         if kind == "bf16":
-            sortable = keys ^ ((keys >> 15) & 0x7FFF)  # as kernels/prefilter_cpu.py's sortable()
+            sortable = keys ^ ((keys >> 15) & 0x7FFF)  # as qcg_gpu/kernels/prefilter_cpu.py's sortable()
             approx = prefilter_cpu.VALUES[sortable.astype(np.int32) + 32768]
         else:
             approx = keys.astype(np.float32) * unit[:, None]

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from qcg_gpu.build import doc2query
-from qcg_gpu.build.chunking import chunk_document, load_tokenizer
-from qcg_gpu.build.documents import SkipLog, read_documents
 from qcg_gpu.config import IndexConfig
 from qcg_gpu.eval.datasets import NULL_TYPE, load_dataset
+from qcg_gpu.indexing import doc2query
+from qcg_gpu.indexing.chunking import chunk_document, load_tokenizer
+from qcg_gpu.indexing.documents import SkipLog, read_documents
 from qcg_gpu.llm.cache import stored_settings
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "lihuaworld"

@@ -24,7 +24,6 @@ from qcg_gpu.eval import significance
 from qcg_gpu.eval.datasets import NULL_TYPE, load_dataset
 from qcg_gpu.eval.metrics import evidence_recall, reciprocal_rank
 from qcg_gpu.eval.variants import derive_index
-from qcg_gpu.query import index_embedder
 from qcg_gpu.retrieval import QCGIndex, search
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "lihuaworld"
@@ -67,7 +66,7 @@ def main() -> None:
 
     index = QCGIndex.load(args.index)
     questions = [q for q in load_dataset("lihuaworld", args.data).questions if q.type != NULL_TYPE]
-    embedder = index_embedder(index)
+    embedder = index.embedder()
     vectors = embedder.encode([q.question for q in questions], "questions")
     rows = []
     base = RetrievalConfig(gamma=1.5, n=10, hops=1, top_k=5)

@@ -27,7 +27,6 @@ import numpy as np
 from qcg_gpu.config import RetrievalConfig
 from qcg_gpu.eval.datasets import NULL_TYPE, load_dataset
 from qcg_gpu.eval.metrics import evidence_recall
-from qcg_gpu.query import index_embedder
 from qcg_gpu.retrieval import QCGIndex, search, trace_queries
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "lihuaworld"
@@ -35,7 +34,7 @@ DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "lihuaworld"
 
 def analyse(index: QCGIndex, data: Path, config: RetrievalConfig) -> dict[str, dict[str, float]]:
     questions = [q for q in load_dataset("lihuaworld", data).questions if q.type != NULL_TYPE]
-    embedder = index_embedder(index)
+    embedder = index.embedder()
     vectors = embedder.encode([q.question for q in questions], "questions")
     qcg = search(index, vectors, config)
     naive = search(index, vectors, config, "naive", embedder)

@@ -15,8 +15,8 @@ def add_parser(commands) -> None:
 
 
 def run(args) -> int:
-    from ..check import check_index
     from ..index_format import read_manifest
+    from ..integrity import check_index
 
     problems = check_index(args.index, checksums=not args.no_checksums)
     for problem in problems:

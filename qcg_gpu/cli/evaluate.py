@@ -113,13 +113,12 @@ def run(args) -> int:
 def _evaluate(args, job: EvalRun) -> int:
     """Every method on the index (and the compared ones), then the report."""
     from ..eval.harness import Answering, Harness, write_report
-    from ..query import index_embedder
 
     config, index, llm, judge_llm = job.config, job.index, job.llms.get("llm"), job.llms.get("judge")
     answering = Answering(llm, job.answer_config, judge_llm) if llm else None
 
     def harness(ix):
-        embedder = index_embedder(ix, args.embed_device)
+        embedder = ix.embedder(args.embed_device)
         return Harness(ix, job.evalset, embedder, job.retrieval, answering, cluster=job.cluster)
 
     evaluation = harness(index).run(config)

@@ -131,8 +131,8 @@ def build_config(args) -> IndexConfig:
 
 
 def run_build(args) -> int:
-    from ..build.pipeline import build_index
-    from ..build.stages import check_cluster_graph
+    from ..indexing.pipeline import build_index
+    from ..indexing.stages import check_cluster_graph
 
     config = build_config(args).validate()  # refuse bad settings before starting a cluster
     if ray_config(args).ray:
@@ -143,8 +143,8 @@ def run_build(args) -> int:
 
 
 def run_add(args) -> int:
-    from ..build.incremental import add_documents, index_settings
     from ..index_format import read_manifest
+    from ..indexing.incremental import add_documents, index_settings
 
     manifest = read_manifest(args.out)
     options = index_config(args, manifest["settings"])
@@ -155,8 +155,8 @@ def run_add(args) -> int:
 
 
 def run_retry(args) -> int:
-    from ..build.incremental import index_settings, retry_failed
     from ..index_format import read_manifest
+    from ..indexing.incremental import index_settings, retry_failed
 
     manifest = read_manifest(args.out)
     options = index_config(args, manifest["settings"])
@@ -167,7 +167,7 @@ def run_retry(args) -> int:
 
 
 def run_remove(args) -> int:
-    from ..build.incremental import remove_documents
+    from ..indexing.incremental import remove_documents
 
     summary = remove_documents(args.index, args.doc_ids)
     print(f"removed {summary.documents} documents ({summary.chunks} chunks, {summary.nodes} nodes) from {args.index}")
@@ -175,13 +175,13 @@ def run_remove(args) -> int:
 
 
 def run_plan(args) -> int:
-    from ..build.forecast import forecast
+    from ..indexing.forecast import forecast
 
     if args.add:
         if not args.out:
             raise QCGError("qcg index plan --add needs the index to add to: qcg index plan INPUT INDEX --add")
-        from ..build.incremental import index_settings
         from ..index_format import read_manifest
+        from ..indexing.incremental import index_settings
 
         manifest = read_manifest(args.out)
         config = index_settings(manifest, index_config(args, manifest["settings"]))

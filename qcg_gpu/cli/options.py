@@ -136,7 +136,7 @@ def ray_cluster(args):
     ray = ray_config(args)
     if not ray.ray:
         return None
-    from ..build.distributed import RayCluster
+    from ..cluster import RayCluster
 
     return RayCluster(ray)
 
@@ -157,7 +157,11 @@ def answering_llm(args, cluster=None, model: str | None = None, store=None):
         raise QCGError("--backend openai needs --base-url and --model")
 
     def load():
-        return cluster.llm(generation) if cluster else make_backend(generation)
+        if cluster is None:
+            return make_backend(generation)
+        from ..indexing.distributed import ray_llm
+
+        return ray_llm(cluster, generation)
 
     if store is None:
         return load()

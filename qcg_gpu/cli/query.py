@@ -78,8 +78,8 @@ def _add_query_arguments(parser) -> None:
 def run(args) -> int:
     import numpy as np
 
-    from .. import query
     from ..retrieval import QCGIndex, check_queries, search
+    from . import query_io
 
     config = retrieval_config(args)
     if ray_config(args).ray and not args.answers and args.method != "qcg":
@@ -88,35 +88,35 @@ def run(args) -> int:
         raise QCGError(f"--trace needs --format jsonl (a {args.format} run has no room for it)")
     if args.answers and args.embeddings:
         raise QCGError("qcg answer needs query texts (--query or --queries), not --embeddings")
-    query.check_output_file(args.out)
+    query_io.check_output_file(args.out)
     index = QCGIndex.load(args.index, verify=not args.no_verify)
     cluster = ray_cluster(args)
     llm = answering_llm(args, cluster) if args.answers else None  # fail fast, before any retrieval work
     if args.embeddings:
-        vectors = query.load_query_embeddings(args.embeddings)
+        vectors = query_io.load_query_embeddings(args.embeddings)
         ids, texts = [str(i) for i in range(len(np.atleast_2d(vectors)))], None
         embedder = None
     else:
-        ids, texts = query.read_queries(args.query, args.queries)
-        embedder = query.index_embedder(index, args.embed_device)
+        ids, texts = query_io.read_queries(args.query, args.queries)
+        embedder = index.embedder(args.embed_device)
         vectors = embedder.encode(texts)
     vectors = check_queries(vectors, index.dim)
     if args.method != "qcg" and embedder is None:  # the baselines embed chunk texts with the index's embedder
-        embedder = query.index_embedder(index, args.embed_device)
+        embedder = index.embedder(args.embed_device)
     result = search(index, vectors, config, args.method, embedder, cluster if args.method == "qcg" else None)
-    records = query.describe(
+    records = query_io.describe(
         index, ids, texts, result, config, vectors if args.trace and args.method == "qcg" else None
     )
     if args.answers:
-        query.add_answers(records, texts or [], index, llm, resolve(AnswerConfig(), args).validate())
+        query_io.add_answers(records, texts or [], index, llm, resolve(AnswerConfig(), args).validate())
     if args.format == "jsonl":
         lines = [json.dumps(record, ensure_ascii=False) + "\n" for record in records]
     else:
-        rankings = query.trec_rankings(index, result, args.format == "trec-chunks")
+        rankings = query_io.trec_rankings(index, result, args.format == "trec-chunks")
         lines = [
             line
             for record, ranking in zip(records, rankings)
             for line in run_lines(record["query_id"], ranking, args.method)
         ]
-    query.write_output(args.out, lines)
+    query_io.write_output(args.out, lines)
     return 0

@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from ..build.knn import degree, exact_rows, knn_graph
 from ..capabilities import cpu_kind, require
 from ..config import IndexConfig, RetrievalConfig, option
 from ..errors import QCGError
+from ..indexing.knn import degree, exact_rows, knn_graph
 from ..retrieval import QCGIndex, Retriever, numpy_backend, seed_threshold
 from ..retrieval.result import tile_rows
 from ..retrieval.search import prefilter_kind
@@ -285,9 +285,9 @@ def embedding_rows(config: BenchConfig, embedder=None):
 def doc2query_rows(config: BenchConfig, backend=None):
     """The index build's generation (streamed, cached replies written) against ``LLM.generate`` on
     the same prompts and sampling: output tok/s of both and their ratio."""
-    from ..build import doc2query
-    from ..build.generation import generate_pairs
-    from ..build.stages import IndexSummary, read_chunks
+    from ..indexing import doc2query
+    from ..indexing.generation import generate_pairs
+    from ..indexing.stages import IndexSummary, read_chunks
     from ..llm.backends import VLLMBackend
 
     index_config = IndexConfig()

@@ -12,7 +12,7 @@
   ``is_supporting``), beside ``NAME_corpus.json``, a list of {title, text} passages.
 
 BEIR and HippoRAG corpora are indexed as they are (``qcg index build corpus.jsonl|NAME_corpus.json
-OUT``): qcg_gpu/build/documents.py names their documents the way these loaders resolve evidence.
+OUT``): qcg_gpu/indexing/documents.py names their documents the way these loaders resolve evidence.
 
 Evidence is resolved to the doc ids the index builder gives the corpus, so metrics compare
 like with like. Flaws of the published data are repaired where the intent is clear and
@@ -26,8 +26,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..build.documents import RecordNamer, record_text
 from ..errors import QCGError
+from ..indexing.documents import RecordNamer, record_text
 
 DATASETS = ("lihuaworld", "multihop-rag", "jsonl", "beir", "hipporag")
 NULL_TYPE = "null"  # questions whose correct answer is to abstain

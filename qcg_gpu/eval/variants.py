@@ -13,11 +13,11 @@ import copy
 
 import numpy as np
 
-from ..build.knn import knn_graph
-from ..build.stages import Pairs, build_nodes
 from ..config import GraphConfig, IndexConfig, NodeConfig
 from ..embedding import Embedder
 from ..errors import QCGError
+from ..indexing.knn import knn_graph
+from ..indexing.stages import Pairs, build_nodes
 from ..retrieval import QCGIndex
 
 

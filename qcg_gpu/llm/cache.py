@@ -2,7 +2,7 @@
 
 SQLite gives atomic commits and safe concurrent readers, so a run killed at
 any point keeps every batch it finished, and a rerun asks the LLM only for the rest.
-Doc2Query replies are keyed by chunk (qcg_gpu/build/doc2query.py); answers and judgements of
+Doc2Query replies are keyed by chunk (qcg_gpu/indexing/doc2query.py); answers and judgements of
 ``qcg eval`` by conversation (:class:`CachedLLM`). A :class:`ReplyStore` adds a stored
 Parquet file to a cache first and shares a run's replies as one, rewritten as they come.
 """

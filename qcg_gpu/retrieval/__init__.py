@@ -8,7 +8,7 @@ RetrievalResult out, equal across backends), one entry point (:func:`search`):
 ``search``         the entry point, the backend choice and :class:`Retriever`
 ``index``          :class:`QCGIndex`, the arrays retrieval reads from an index directory
 ``result``         :class:`RetrievalResult`, the query check, the seed threshold, tile sizes
-``numpy_backend``  CPU: BLAS GEMM + numba kernels (``kernels/``), bf16 or int8 prefilter
+``numpy_backend``  CPU: BLAS GEMM + numba kernels (``qcg_gpu/kernels/``), bf16 or int8 prefilter
 ``torch_backend``  torch tensors: CUDA when present, CPU tensors otherwise
 ``bounds``         the error bounds that keep the bf16 and int8 prefilters exact
 ``ray_backend``    the queries split over Ray workers

@@ -75,6 +75,17 @@ class QCGIndex:
         """Another array of the index (chunk or pair embeddings), checksum-verified like the index was."""
         return load_array(self.data or self.path, name, manifest=self.manifest if self.verified else None)
 
+    def embedder(self, device: str | None = None):
+        """The embedder the index was built with (an :class:`embedding.Embedder`), treating long texts
+        as its build did."""
+        from ..config import IndexConfig
+        from ..embedding import Embedder
+        from ..models import DEFAULT_EMBEDDER
+
+        name = self.manifest["models"]["embedder"]
+        long_texts = IndexConfig.from_dict(self.manifest["settings"]).nodes.long_texts
+        return Embedder(None if name == DEFAULT_EMBEDDER else name, device, long_texts=long_texts)
+
     def chunk_texts(self) -> list[str]:
         return self.chunks.column("text").to_pylist()
 

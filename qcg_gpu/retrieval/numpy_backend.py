@@ -1,6 +1,6 @@
-"""CPU retrieval: a similarity GEMM per query tile, then the numba kernels of ``kernels/``.
+"""CPU retrieval: a similarity GEMM per query tile, then the numba kernels of ``qcg_gpu/kernels/``.
 
-Every precision is a prefilter (``kernels/prefilter_cpu.py``): the GEMM, in float32, bf16 (CPUs with
+Every precision is a prefilter (``qcg_gpu/kernels/prefilter_cpu.py``): the GEMM, in float32, bf16 (CPUs with
 AMX) or int8 (other x86 CPUs), keeps each query's candidates within its proven error bound
 (``bounds.py``) of the threshold and of the n-th best, and the candidates are rescored as float64 dot
 products, then expanded and ranked in one fused pass. Rows with thousands of near-ties are rescored
@@ -123,7 +123,7 @@ def _threads() -> int:
 
 
 class Prefilter:
-    """Exact seeds from a low-precision GEMM on CPU (kernels/prefilter_cpu.py): candidates within the
+    """Exact seeds from a low-precision GEMM on CPU (qcg_gpu/kernels/prefilter_cpu.py): candidates within the
     error bound (``bounds.py``) of the n best are rescored exactly; rows with too many near-ties are
     flagged. A subclass gives the precision: the nodes' copy, a query tile's copy with its bound, the GEMM."""
 

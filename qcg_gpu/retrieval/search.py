@@ -49,7 +49,7 @@ def prefilter_kind(config: RetrievalConfig, device: str = "cpu") -> str | None:
 
 
 def make_backend(index: QCGIndex, config: RetrievalConfig, cluster=None) -> Backend:
-    """The backend ``config`` names over ``index``; with a :class:`distributed.RayCluster`, the
+    """The backend ``config`` names over ``index``; with a :class:`cluster.RayCluster`, the
     queries split over its workers, each running that backend."""
     if cluster is not None:
         from .ray_backend import RayBackend

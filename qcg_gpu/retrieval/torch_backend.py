@@ -151,7 +151,7 @@ class TorchBackend:
 
     def _topk_prefiltered(self, tile, threshold: float, n: int):
         """Exact seeds from a (B, N) GEMM tile: the top n + margin approximations hold every node that
-        can be a seed when the last of them is below max(t, a_n - eps) - eps (see kernels/prefilter_cpu.py);
+        can be a seed when the last of them is below max(t, a_n - eps) - eps (see qcg_gpu/kernels/prefilter_cpu.py);
         those are rescored in float64, like the numpy backend's, because the bound is on the exact
         similarity (a float32 rescoring may differ from it by d 2^-24 |q| |u|, outside the bound);
         other rows are rescored over every node (:meth:`_every_node_seeds`)."""

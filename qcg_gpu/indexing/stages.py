@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -196,7 +197,9 @@ def no_chunks_error(input_path, skips: SkipLog) -> QCGError:
 def load_embedder(config: NodeConfig, cluster=None) -> Embedder:
     """The embedder ``config`` names: in this process, or one per worker of a Ray ``cluster``."""
     if cluster is not None:
-        return cluster.embedder(config)
+        from .distributed import RayEmbedder
+
+        return cast(Embedder, RayEmbedder(config, cluster))  # Embedder's interface, on the workers
     return Embedder(config.embedder, config.device, config.embed_batch_size, config.long_texts)
 
 

@@ -11,7 +11,7 @@ M = 20, 4 GB per 100k chunks. The driver of a Ray build streams the corpus throu
    the pairs (Doc2Query--) and makes the nodes (:func:`stages.embed_and_select`); what comes back
    is staged and dropped.
 3. kNN: the nodes' embeddings, left in the object store by the embedder actors, are joined there
-   (:meth:`distributed.RayCluster.knn_graph_of_parts`); row blocks are searched by tasks.
+   (:func:`distributed.knn_graph_of_parts`); row blocks are searched by tasks.
 4. write: each index file is streamed from the staged shards in order, renumbered.
 
 The staging directory sits next to the output, on the driver's disk (workers send their results
@@ -36,11 +36,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..capabilities import require
+from ..cluster import RayCluster
 from ..config import IndexConfig, NodeConfig
 from ..index_format import TABLES, ArrayParts
 from ..log import progress_bar, quiet
 from .chunking import Chunk
-from .distributed import EmbedWorker, RayCluster
+from .distributed import EmbedWorker, knn_graph_of_parts, ray_llm
 from .documents import SkipLog
 from .generation import Doc2QueryRun
 from .stages import (
@@ -67,7 +68,7 @@ def build_on_cluster(
     try:
         model_name = None
         if config.nodes.nodes != "sentence":
-            llm = llm or cluster.llm(config.generation)
+            llm = llm or ray_llm(cluster, config.generation)
             model_name = llm.model_name
         doc2query = Doc2QueryRun(llm, model_name, config, summary) if model_name else None
         try:
@@ -77,8 +78,13 @@ def build_on_cluster(
                 doc2query.close()
         embedder, node_embeddings = _embed(staging, config.nodes, cluster, summary)
         with stage(summary, "knn"):
-            graph = cluster.knn_graph_of_parts(
-                node_embeddings, summary.nodes, config.graph.knn_k, config.graph.knn_backend, config.nodes.device
+            graph = knn_graph_of_parts(
+                cluster,
+                node_embeddings,
+                summary.nodes,
+                config.graph.knn_k,
+                config.graph.knn_backend,
+                config.nodes.device,
             )
         summary.edges = len(graph.indices)
         manifest = build_manifest(config, summary, model_name, embedder)

@@ -10,13 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .answer import answer_from_chunks
-from .config import AnswerConfig, IndexConfig
-from .embedding import Embedder
-from .errors import QCGError
-from .eval.runfiles import Ranking, chunk_docno, document_ranking
-from .models import DEFAULT_EMBEDDER
-from .retrieval import QCGIndex, RetrievalConfig, RetrievalResult, trace_queries
+from ..answer import answer_from_chunks
+from ..config import AnswerConfig
+from ..errors import QCGError
+from ..eval.runfiles import Ranking, chunk_docno, document_ranking
+from ..retrieval import QCGIndex, RetrievalConfig, RetrievalResult, trace_queries
 
 
 def check_output_file(path: str | Path | None) -> None:
@@ -86,13 +84,6 @@ def read_queries(query: str | None = None, path: str | Path | None = None) -> tu
     if not texts:
         raise QCGError(f"no queries in {path}")
     return ids, texts
-
-
-def index_embedder(index: QCGIndex, device: str | None = None) -> Embedder:
-    """The embedder the index was built with, treating long texts as its build did."""
-    name = index.manifest["models"]["embedder"]
-    long_texts = IndexConfig.from_dict(index.manifest["settings"]).nodes.long_texts
-    return Embedder(None if name == DEFAULT_EMBEDDER else name, device, long_texts=long_texts)
 
 
 def load_query_embeddings(path: str | Path) -> np.ndarray:

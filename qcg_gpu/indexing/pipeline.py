@@ -41,7 +41,7 @@ def build_index(
     """Build a QCG index of the documents at ``input_path`` into the directory ``out``.
 
     ``llm`` and ``embedder`` may be passed in to reuse loaded models across builds. With a
-    ``cluster`` (:class:`distributed.RayCluster`), the build runs shard by shard on its workers
+    ``cluster`` (:class:`cluster.RayCluster`), the build runs shard by shard on its workers
     (:mod:`sharded`) and gives the same index. Progress goes through the ``qcg_gpu`` logger
     (``log.py``: INFO shows it, WARNING hides it).
     """

@@ -2,10 +2,10 @@
 
 Adding generates pairs only for the new chunks, embeds only new texts, appends chunks, pairs and
 nodes after the existing ones (existing ids do not change) and updates the kNN graph with
-:func:`qcg_gpu.build.knn.add_nodes` (new rows searched over all nodes; an old row is re-ranked only
+:func:`qcg_gpu.indexing.knn.add_nodes` (new rows searched over all nodes; an old row is re-ranked only
 when a new node enters its k nearest). Removing drops a document's chunks, pairs and nodes,
 renumbers the rest in order and re-searches only the rows that lost an out-neighbour
-(:func:`qcg_gpu.build.knn.remove_nodes`). Either way the result equals a full rebuild over the same
+(:func:`qcg_gpu.indexing.knn.remove_nodes`). Either way the result equals a full rebuild over the same
 documents in the same order, and it is published as a new index version (readers are never
 disturbed; a failure leaves the index as it was). The index's own settings are used; options
 that would change results must match them.
@@ -181,7 +181,9 @@ def _with_chunks(
     if config.nodes.nodes != "sentence":
         model_name = manifest["models"]["llm"]
         if cluster is not None:
-            llm = llm or cluster.llm(config.generation)
+            from .distributed import ray_llm
+
+            llm = llm or ray_llm(cluster, config.generation)
         if llm is not None and llm.model_name != model_name:
             raise QCGError(f"the index's pairs come from {model_name}; got an LLM serving {llm.model_name}")
         pairs = generate_pairs(chunks, llm, model_name, config, summary)

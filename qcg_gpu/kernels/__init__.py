@@ -1,4 +1,4 @@
-"""Custom kernels for batched retrieval, installed as ``qcg_gpu.kernels``.
+"""Custom kernels for batched retrieval.
 
 Each kernel has a CPU twin or is itself the CPU path: the torch backend in
 ``qcg_gpu/retrieval/torch_backend.py`` is the GPU path (and runs on CPU tensors for parity

