@@ -112,7 +112,7 @@ class GenerationConfig:
     enforce_eager: bool | None = option(
         None,
         "vLLM: skip CUDA graphs / compilation (default: off on GPUs, where graphs speed decoding up; on on CPU, "
-        "where they start slowly for ~8%% more speed).",
+        "where they start slowly for ~8% more speed).",
         runtime=True,
     )
     tensor_parallel_size: int = option(
@@ -296,7 +296,6 @@ class GraphConfig:
     knn_probes: int = option(
         16, "Approximate kNN: k-means lists (of ~4 sqrt(N)) searched per node (faiss nprobe); more finds more edges."
     )
-
     def validate(self) -> GraphConfig:
         if self.knn_k < 1:
             raise QCGError(f"knn_k must be >= 1, got {self.knn_k}")
@@ -466,6 +465,12 @@ class EvalConfig:
     )
     limit_per_type: int | None = option(
         None, "Evaluate only the first N questions of each type (quick, balanced runs)."
+    )
+    allow_missing_evidence: bool = option(
+        False,
+        "Score retrieval even when questions have evidence documents the index does not hold (counted as misses) "
+        "or evidence the corpus does not name (left out of retrieval metrics); refused by default, since such a "
+        "run scores another question set than the dataset's.",
     )
     answers_cache: str | None = option(
         None,
@@ -672,8 +677,7 @@ def config_file_text() -> str:
     for name, section in CONFIG_SECTIONS.items():
         lines += ["", f"[{name}]"]
         for f in dataclasses.fields(section):
-            help_text = f.metadata["help"].replace("%%", "%")
-            lines.append(f"# {help_text}")
+            lines.append(f"# {f.metadata['help']}")
             value = f.default
             lines.append(f"# {f.name} =" if value is None else f"{f.name} = {_toml_value(value)}")
     return "\n".join(lines) + "\n"

@@ -57,7 +57,7 @@ def test_only_qcg_errors_become_one_line_messages(monkeypatch, capsys):
 
 
 def test_quiet_silences_stage_messages_and_progress_bars(capsys):
-    from qcg_gpu.build.stages import IndexSummary, stage
+    from qcg_gpu.indexing.stages import IndexSummary, stage
     from qcg_gpu.log import progress_bar, quiet
 
     try:
@@ -240,3 +240,14 @@ def test_init_writes_every_default(tmp_path, capsys):
         defaults = {f.name: f.default for f in dataclasses.fields(section) if f.default is not None}
         assert written[name] == defaults, name
     assert main(["init", str(path)]) == 2 and "exists (--force overwrites it)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [[], ["index"], *(["index", a] for a in ("build", "add", "remove", "retry", "plan")), ["query"], ["answer"]]
+    + [["eval"], ["check"], ["models"], ["corpus"], ["bench"], ["init"]],
+)
+def test_every_help_page_prints(command, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main([*command, "--help"])
+    assert exit.value.code == 0 and "usage: qcg" in capsys.readouterr().out

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from qcg_gpu.build.documents import SkipLog, read_documents
 from qcg_gpu.errors import QCGError
 from qcg_gpu.eval.datasets import load_dataset, write_multihop_corpus
+from qcg_gpu.indexing.documents import SkipLog, read_documents
 
 from .conftest import REPO
 
@@ -83,6 +83,9 @@ def test_lihuaworld_layout_errors(tmp_path):
         load_dataset("lihuaworld", tmp_path / "queries_a.json")
     with pytest.raises(QCGError, match="unknown dataset"):
         load_dataset("hotpotqa", tmp_path)
+    (tmp_path / "queries_a.json").write_text("{}")  # a split with no question scores nothing: refused
+    with pytest.raises(QCGError, match="no questions in lihuaworld data"):
+        load_dataset("lihuaworld", tmp_path / "queries_a.json")
 
 
 def _multihop_fixture(tmp_path) -> Path:

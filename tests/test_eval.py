@@ -197,6 +197,8 @@ def test_eval_cli_retrieval_only(small_index, questions_file, tmp_path, cli):
     assert "Evidence recall, R@5" in result.stdout and "LLM-as-judge" not in result.stdout
     assert "Evidence recall, R@5_" not in result.stdout  # one table per metric, its types as columns
     assert "| qcg@again |" in result.stdout and "questions by type: {'single': 1, 'null': 1}" in result.stdout
+    assert "retrieval metrics over the 1 of 2 questions that name evidence documents" in result.stdout
+    assert [int(r["with_evidence"]) for r in csv.DictReader(open(out / "summary.csv"))] == [1, 1, 1, 1]
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [r["method"] for r in records] == [
         "naive",
@@ -240,6 +242,15 @@ def test_eval_cli_bad_input(small_index, questions_file, tmp_path, cli):
         "eval", "--dataset", "jsonl", "--data", wrong, "--index", small_index, "--out", tmp_path / "o", "--no-answers"
     )
     assert result.returncode == 2 and "none of the 1 evidence documents is in" in result.stderr
+    partly = tmp_path / "partly.jsonl"  # one question the index can answer, one whose evidence it lacks
+    partly.write_text(questions_file.read_text().splitlines()[0] + "\n" + wrong.read_text())
+    evaluate = ("eval", "--dataset", "jsonl", "--data", partly, "--index", small_index, "--no-answers", "--quiet")
+    result = cli(*evaluate, "--out", tmp_path / "o")
+    assert result.returncode == 2 and "1 evidence documents of 1 questions are not in" in result.stderr
+    assert "--allow-missing-evidence" in result.stderr and not (tmp_path / "o" / "summary.md").exists()
+    result = cli(*evaluate, "--out", tmp_path / "o", "--allow-missing-evidence")  # scored as misses, and said
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "retrieval metrics over the 2 of 2 questions" in result.stdout and "(counted as misses)" in result.stdout
     result = cli(
         "eval",
         "--dataset",

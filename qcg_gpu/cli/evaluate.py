@@ -80,7 +80,7 @@ class EvalRun:
 
 def run(args) -> int:
     from ..eval.datasets import load_dataset
-    from ..eval.harness import evidence_outside
+    from ..eval.harness import check_evidence
     from ..retrieval import QCGIndex
 
     config = resolve(EvalConfig(), args).validate()  # refuse unknown names before loading anything
@@ -93,10 +93,10 @@ def run(args) -> int:
     evalset = load_dataset(args.dataset, args.data)
     evalset.questions = config.select(evalset.questions)
     index = QCGIndex.load(args.index, verify=not args.no_verify)
-    evalset.problems += evidence_outside(index, evalset)
+    evalset.problems += check_evidence(index, evalset, config.allow_missing_evidence)
     compared = {label: QCGIndex.load(path, verify=not args.no_verify) for label, path in compare_paths.items()}
     for label, other in compared.items():
-        evalset.problems += [f"[{label}] {p}" for p in evidence_outside(other, evalset)]
+        evalset.problems += [f"[{label}] {p}" for p in check_evidence(other, evalset, config.allow_missing_evidence)]
     job = EvalRun(config, index, compared, evalset, retrieval, answer_config, ray_cluster(args))
     if not config.answers:
         return _evaluate(args, job)

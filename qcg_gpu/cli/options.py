@@ -49,13 +49,14 @@ def add_options(parser, section, title: str, only=None, prefix: str = "") -> Non
         flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
         kind = hints[f.name]
         default_help = f" (default: {f.default})" if f.default is not None else ""
+        help_text = (f.metadata["help"] + default_help).replace("%", "%%")  # argparse %-formats help texts
         if kind is bool or set(typing.get_args(kind)) == {bool, type(None)}:  # bool, bool | None
             group.add_argument(
                 flag,
                 dest=prefix + f.name,
                 action=argparse.BooleanOptionalAction,
                 default=None,
-                help=f.metadata["help"] + default_help,
+                help=help_text,
             )
             continue
         base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)  # X | None -> X
@@ -66,7 +67,7 @@ def add_options(parser, section, title: str, only=None, prefix: str = "") -> Non
             type=base,
             default=None,
             choices=f.metadata.get("choices"),
-            help=f.metadata["help"] + default_help,
+            help=help_text,
         )
 
 

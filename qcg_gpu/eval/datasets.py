@@ -68,7 +68,18 @@ def load_dataset(name: str, path: str | Path) -> EvalSet:
     path = Path(path)
     if not path.exists():
         raise QCGError(f"{name} data not found: {path}")
-    return loaders[name](path)
+    evalset = loaders[name](path)
+    if not evalset.questions:
+        raise QCGError(
+            f"no questions in {name} data {path}" + (f" ({evalset.problems[0]}, ...)" if evalset.problems else "")
+        )
+    return evalset
+
+
+def without_evidence(evalset: EvalSet) -> list[Question]:
+    """Questions of an answerable type left with no evidence document (their keys named none of the
+    corpus): retrieval metrics cannot score them."""
+    return [q for q in evalset.questions if not q.evidence and q.type not in (NULL_TYPE, UNTYPED)]
 
 
 # --- LiHuaWorld -------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from ..llm.backends import LLMBackend, SamplingSpec
 from ..log import logger, progress_bar
 from ..retrieval import QCGIndex, RetrievalConfig, RetrievalResult, search
 from . import significance
-from .datasets import NULL_TYPE, EvalSet
+from .datasets import NULL_TYPE, EvalSet, without_evidence
 from .metrics import (
     best_over,
     exact_match,
@@ -235,7 +235,7 @@ def summarize(records: list[dict], types: list[str]) -> list[dict]:
     rows = []
     for method in dict.fromkeys(r["method"] for r in records):
         mine = [r for r in records if r["method"] == method]
-        row = {"method": method, "questions": len(mine)}
+        row = {"method": method, "questions": len(mine), "with_evidence": sum(1 for r in mine if r["evidence"])}
         for metric in metric_names(mine):
             row[metric] = _mean(r.get(metric) for r in mine)
             for qtype in types:
@@ -339,6 +339,8 @@ def write_report(
         "",
         *[f"- {key}: {value}" for key, value in header.items()],
         f"- questions by type: {counts}",
+        f"- retrieval metrics over the {rows[0]['with_evidence'] if rows else 0} of {len(first)} questions "
+        "that name evidence documents (answer metrics over all)",
         "",
         markdown_tables(rows, evaluation.types),
     ]
@@ -425,9 +427,10 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
-def evidence_outside(index: QCGIndex, evalset: EvalSet) -> list[str]:
-    """Evidence documents the index does not hold: a few are data flaws (reported); all of them means the wrong
-    index."""
+def check_evidence(index: QCGIndex, evalset: EvalSet, allow_missing: bool = False) -> list[str]:
+    """Refuse a run whose retrieval metrics would silently score another question set than the dataset's:
+    evidence documents the index does not hold (all of them: the wrong index), or answerable questions left
+    without evidence. With ``allow_missing``, only the wrong index is refused; the rest is reported."""
     in_index = set(index.chunks.column("doc_id").to_pylist())
     evidence = {doc for q in evalset.questions for doc in q.evidence}
     missing = sorted(evidence - in_index)
@@ -437,4 +440,21 @@ def evidence_outside(index: QCGIndex, evalset: EvalSet) -> list[str]:
             f"corpus? "
             f"(evidence e.g. {missing[0]!r}, index e.g. {next(iter(in_index), None)!r})"
         )
-    return [f"{len(missing)} evidence documents are not in the index, e.g. {missing[:3]}"] if missing else []
+    unscored = without_evidence(evalset)
+    if not evidence and not allow_missing:
+        raise QCGError(f"no question of {evalset.name} names an evidence document: nothing to score retrieval by")
+    problems = []
+    if missing:
+        hit = sum(1 for q in evalset.questions if set(q.evidence) & set(missing))
+        problems.append(
+            f"{len(missing)} evidence documents of {hit} questions are not in {index.path} (counted as misses), "
+            f"e.g. {missing[:3]}"
+        )
+    if unscored:
+        problems.append(
+            f"{len(unscored)} questions have no evidence document in the corpus (left out of retrieval metrics), "
+            f"e.g. {unscored[0].qid}"
+        )
+    if problems and not allow_missing:
+        raise QCGError("; ".join(problems) + ". Index the whole corpus, or pass --allow-missing-evidence")
+    return problems
