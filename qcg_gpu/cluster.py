@@ -43,7 +43,7 @@ class RayCluster:
         )
         self._actors: list = []  # the stage holding the workers now (one stage at a time: each takes all of them)
         self._groups: list = []  # the placement groups reserved for that stage's multi-GPU engines
-        self._actor_key: tuple | None = None  # (class, arguments) of the current actors
+        self._actor_key: tuple | None = None  # (class, arguments[, count]) of the current actors
         self._shared: dict[int, tuple] = {}  # id(obj) -> (obj, object ref): each object goes to the object store once
 
     def release(self) -> None:
@@ -65,12 +65,13 @@ class RayCluster:
         """One actor of ``cls`` per worker (or ``count`` of them), each with its share of the cluster;
         ``reuse`` keeps the current ones when they were made the same way (they hold state worth
         keeping: loaded indexes, loaded engines)."""
-        if reuse and self._actor_key == (cls, args) and self._actors:
+        count = count or self.workers
+        if reuse and self._actor_key == (cls, args, count) and self._actors:
             return self._actors
         self.release()
         actor = self.ray.remote(**self.worker_resources)(cls)
-        self._actors = [actor.remote(*args) for _ in range(count or self.workers)]
-        self._actor_key = (cls, args)
+        self._actors = [actor.remote(*args) for _ in range(count)]
+        self._actor_key = (cls, args, count)
         return self._actors
 
     def engine_actors(self, cls, *args, count: int, gpus_each: int, reuse: bool = False) -> list:

@@ -296,11 +296,21 @@ class GraphConfig:
     knn_probes: int = option(
         16, "Approximate kNN: k-means lists (of ~4 sqrt(N)) searched per node (faiss nprobe); more finds more edges."
     )
+    shard_nodes: int | None = option(
+        None,
+        "Store the index as node shards of at most N nodes, each cut between chunks (node embeddings, kNN rows, "
+        "and the chunks and pairs of those nodes), so that Ray workers each load only their own shards "
+        "(qcg query --ray). Default: one shard. Results do not depend on it.",
+        runtime=True,
+    )
+
     def validate(self) -> GraphConfig:
         if self.knn_k < 1:
             raise QCGError(f"knn_k must be >= 1, got {self.knn_k}")
         if self.knn_probes < 1:
             raise QCGError(f"knn_probes must be >= 1, got {self.knn_probes}")
+        if self.shard_nodes is not None and self.shard_nodes < 1:
+            raise QCGError(f"--shard-nodes must be >= 1, got {self.shard_nodes}")
         return self
 
     def probes(self) -> int | None:
@@ -569,6 +579,15 @@ class RayConfig:
         ("auto", "actors", "data"),
         runtime=True,
     )
+    ray_mode: str = option(
+        "auto",
+        "Retrieval on --ray: 'shards' gives each worker its node shards of a sharded index (--shard-nodes) and "
+        "walks the graph across them, no process holding the whole index; 'queries' gives each worker the whole "
+        "index and a share of the queries (huge query sets on small indexes); 'auto': shards where the index has "
+        "several. Results are equal either way.",
+        ("auto", "shards", "queries"),
+        runtime=True,
+    )
     ray_shard_chunks: int = option(
         8192,
         "Chunks per shard of a --ray build: the driver holds one shard's texts, pairs and embeddings at a time "
@@ -584,9 +603,11 @@ class RayConfig:
         defaults = RayConfig()
         if not self.ray and any(
             getattr(self, name) != getattr(defaults, name)
-            for name in ("ray_address", "ray_workers", "ray_llm", "ray_shard_chunks")
+            for name in ("ray_address", "ray_workers", "ray_llm", "ray_mode", "ray_shard_chunks")
         ):
-            raise QCGError("--ray-address, --ray-workers, --ray-llm and --ray-shard-chunks apply only with --ray")
+            raise QCGError(
+                "--ray-address, --ray-workers, --ray-llm, --ray-mode and --ray-shard-chunks apply only with --ray"
+            )
         return self
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from .capabilities import default_device, require
 from .errors import QCGError
-from .log import progress_bar
+from .log import progress_bar, show_progress
 from .models import DEFAULT_EMBEDDER, resolve_model
 
 LONG_TEXT_MODES = ("mean", "truncate")
@@ -48,7 +48,8 @@ class Embedder:
         self.device = device or default_device()
         self.batch_size = batch_size
         try:
-            self.model = sentence_transformers.SentenceTransformer(path, device=self.device)
+            with _model_loading_bar(show_progress()):
+                self.model = sentence_transformers.SentenceTransformer(path, device=self.device)
         except Exception as exc:
             raise QCGError(f"cannot load embedder {self.model_name!r}: {exc}") from exc
         self.dim = (
@@ -201,3 +202,18 @@ def shape_batches(token_counts: np.ndarray, batch_size: int, max_tokens: int) ->
         rows = np.flatnonzero(padded == length)
         batches += [(rows[start : start + batch_size], length) for start in range(0, len(rows), batch_size)]
     return batches
+
+
+@contextmanager
+def _model_loading_bar(shown: bool):
+    """transformers' "Loading weights" bar, shown only where qcg shows its own (not under --quiet)."""
+    from transformers.utils import logging as transformers_logging
+
+    was = transformers_logging.is_progress_bar_enabled()
+    if not shown:
+        transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was and not shown:
+            transformers_logging.enable_progress_bar()

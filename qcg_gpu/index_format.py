@@ -1,5 +1,11 @@
 """The on-disk index: ``manifest.json`` plus Parquet tables and .npy arrays in a version
-directory it names (see README, "Index format").
+directory it names (see docs/indexing.md, "Index format").
+
+A large index is stored as node shards (``--shard-nodes``): each shard holds a range of node ids
+(their embeddings, node table rows and kNN rows) and the chunks and pairs those nodes belong to, in
+``shards/NAME/`` with the same file names. Ids stay global, a shard is cut only at a chunk boundary,
+and the manifest lists the shards with every file's checksum. A Ray worker loads only its shards
+(:func:`load_shard_array`); the readers of whole arrays and tables join the shards.
 
 Publishing is atomic and readers are never disturbed: a new version's files go into a fresh
 ``v-<id>/`` directory, and only then does ``manifest.json`` (replaced with one rename) point
@@ -21,7 +27,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -29,12 +35,22 @@ import numpy as np
 from .errors import QCGError
 
 FORMAT_VERSION = 2  # 2: files in the version directory named by manifest["data_dir"]; 1: files next to the manifest
-READABLE_VERSIONS = (1, 2)
+SHARDED_FORMAT_VERSION = 3  # 3: as 2, the files split into the node shards manifest["shards"] lists
+READABLE_VERSIONS = (1, 2, 3)
 RETAIN_SECONDS = 600.0  # a superseded version stays this long at least, for readers still using it
 SUPERSEDED = ".superseded"
 MANIFEST = "manifest.json"
 TABLES = ("chunks", "pairs", "nodes")
 ARRAYS = ("node_embeddings", "chunk_embeddings", "pair_embeddings", "knn_indptr", "knn_indices", "knn_scores")
+GRAPH_ARRAYS = ("knn_indptr", "knn_indices", "knn_scores")  # a shard's kNN rows: local indptr, global node ids
+ROWS_OF = {  # the id space whose range a shard holds of each table and embedding array
+    "nodes": "nodes",
+    "node_embeddings": "nodes",
+    "chunks": "chunks",
+    "chunk_embeddings": "chunks",
+    "pairs": "pairs",
+    "pair_embeddings": "pairs",
+}
 # Rows per Parquet row group: fixed, so that a table written in parts (a sharded build) gives the
 # same file, byte for byte, as the whole table.
 ROW_GROUP_ROWS = 8192
@@ -47,6 +63,75 @@ class ArrayParts:
     shape: tuple[int, ...]
     dtype: np.dtype
     parts: Iterable[np.ndarray]
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One node shard: the half-open ranges of global node, chunk and pair ids its files hold."""
+
+    name: str
+    nodes: tuple[int, int]
+    chunks: tuple[int, int]
+    pairs: tuple[int, int] = (0, 0)
+
+    def file(self, filename: str) -> str:
+        """The path of one of its files, relative to the version directory."""
+        return f"shards/{self.name}/{filename}"
+
+    def rows(self, space: str) -> tuple[int, int]:
+        return getattr(self, space)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "nodes": list(self.nodes), "chunks": list(self.chunks), "pairs": list(self.pairs)}
+
+    @classmethod
+    def from_dict(cls, entry: dict) -> Shard:
+        try:
+            nodes, chunks, pairs = ((int(entry[k][0]), int(entry[k][1])) for k in ("nodes", "chunks", "pairs"))
+            shard = cls(str(entry["name"]), nodes, chunks, pairs)
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise QCGError(f"manifest.json lists a malformed shard: {entry!r}") from exc
+        if not shard.name.isalnum():
+            raise QCGError(f"manifest.json names a shard {shard.name!r}: shard names are letters and digits")
+        return shard
+
+
+def plan_shards(node_chunk: np.ndarray, n_chunks: int, shard_nodes: int | None) -> list[Shard]:
+    """Shards of at most ``shard_nodes`` nodes each (a chunk with more nodes gets a shard of its own),
+    cut only between chunks; ``node_chunk`` must not decrease (nodes are stored chunk by chunk).
+    One shard when ``shard_nodes`` is None or the nodes fit in one. Pair ranges are set as the pairs
+    table is written."""
+    if shard_nodes is not None and shard_nodes < 1:
+        raise QCGError(f"--shard-nodes must be >= 1, got {shard_nodes}")
+    n_nodes = len(node_chunk)
+    if len(node_chunk) and (np.diff(node_chunk) < 0).any():
+        raise QCGError("nodes are not stored chunk by chunk, so they cannot be cut into shards at chunk boundaries")
+    if shard_nodes is None or n_nodes <= shard_nodes:
+        return [Shard("00000", (0, n_nodes), (0, n_chunks))]
+    starts = np.searchsorted(node_chunk, np.arange(n_chunks + 1))  # starts[c]: chunk c's first node
+    shards: list[Shard] = []
+    chunk = 0
+    while chunk < n_chunks:
+        lo = int(starts[chunk])
+        end = int(np.searchsorted(starts, lo + shard_nodes, side="right")) - 1  # the last boundary that fits
+        if end <= chunk:  # the chunk alone holds more than shard_nodes nodes
+            end = int(np.searchsorted(starts, lo, side="right"))
+        end = min(end, n_chunks)
+        shards.append(Shard(f"{len(shards):05d}", (lo, int(starts[end])), (chunk, end)))
+        chunk = end
+    return shards
+
+
+def index_shards(manifest: dict) -> list[Shard]:
+    """The shards a manifest lists; empty for an index stored whole."""
+    return [Shard.from_dict(entry) for entry in manifest.get("shards", [])]
+
+
+def expected_files(manifest: dict) -> list[str]:
+    """Every file the index must hold, relative to its version directory."""
+    names = [f"{t}.parquet" for t in TABLES] + [f"{a}.npy" for a in ARRAYS]
+    shards = index_shards(manifest)
+    return [shard.file(name) for shard in shards for name in names] if shards else names
 
 
 def file_sha256(path: Path) -> str:
@@ -113,8 +198,11 @@ def _being_written(version: Path) -> bool:
 class IndexWriter:
     """Writes the files of a new index version; :meth:`commit` publishes them, :meth:`abort` drops them."""
 
-    def __init__(self, out: str | Path):
+    def __init__(self, out: str | Path, shards: list[Shard] | None = None):
+        """``shards`` (:func:`plan_shards`): store the files split into these node shards; None or one
+        shard: whole, as format 2."""
         self.out = Path(out)
+        self.shards = shards if shards and len(shards) > 1 else None
         self.version = f"v-{uuid.uuid4().hex[:12]}"
         # replacing: the new version goes next to the live one; new: the whole index is assembled aside
         self.root = (
@@ -129,35 +217,85 @@ class IndexWriter:
     def write_table(self, name: str, table) -> None:
         """A table, whole (a pyarrow Table) or as its parts in order (an iterable of Tables, at least one)."""
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         parts = iter([table] if isinstance(table, pa.Table) else table)
         first = next(parts)
-        with pq.ParquetWriter(self.data / f"{name}.parquet", first.schema, compression="zstd") as writer:
-            pending = first.slice(0, 0)  # rows not yet in a row group
-            for part in itertools.chain([first], parts):
-                pending = pa.concat_tables([pending, part])
-                while pending.num_rows >= ROW_GROUP_ROWS:
-                    writer.write_table(pending.slice(0, ROW_GROUP_ROWS), row_group_size=ROW_GROUP_ROWS)
-                    pending = pending.slice(ROW_GROUP_ROWS)
-            if pending.num_rows:
-                writer.write_table(pending, row_group_size=ROW_GROUP_ROWS)
-        self.files[f"{name}.parquet"] = file_sha256(self.data / f"{name}.parquet")
+        if self.shards is None:
+            with self._parquet(f"{name}.parquet", first.schema) as file:
+                for part in itertools.chain([first], parts):
+                    file.add(part)
+            return
+        # rows go to the shard holding their chunk (tables are in chunk order): one shard file open at a time
+        starts = np.array([s.chunks[0] for s in self.shards[1:]])
+        counts = [0] * len(self.shards)
+        current, file = 0, self._parquet(self.shards[0].file(f"{name}.parquet"), first.schema)
+        for part in itertools.chain([first], parts):
+            owner = np.searchsorted(starts, part.column("chunk_id").to_numpy(), side="right")
+            if (np.diff(owner) < 0).any() or (len(owner) and owner[0] < current):
+                file.close()
+                raise QCGError(f"{name} rows are not in chunk order: they cannot be stored as shards")
+            for s in np.unique(owner):
+                while current < s:  # the shards before it are complete (or hold no row of this table)
+                    file.close()
+                    current += 1
+                    file = self._parquet(self.shards[current].file(f"{name}.parquet"), first.schema)
+                rows = np.flatnonzero(owner == s)
+                file.add(part.slice(int(rows[0]), len(rows)))
+                counts[s] += len(rows)
+        file.close()
+        for shard in self.shards[current + 1 :]:
+            self._parquet(shard.file(f"{name}.parquet"), first.schema).close()
+        if name == "pairs":
+            ends = np.cumsum(counts).tolist()
+            self.shards = [replace(s, pairs=(e - c, e)) for s, c, e in zip(self.shards, counts, ends)]
+
+    def _parquet(self, filename: str, schema) -> _ParquetFile:
+        return _ParquetFile(self, filename, schema)
 
     def write_array(self, name: str, array: np.ndarray | ArrayParts) -> None:
-        """An array, whole or as :class:`ArrayParts` (the same .npy file either way)."""
+        """An array, whole or as :class:`ArrayParts` (the same .npy file either way); in a sharded index, each
+        shard's rows of it (an embedding array: ``ROWS_OF`` names its id space)."""
+        if isinstance(array, np.ndarray):
+            array = ArrayParts(array.shape, array.dtype, [array])
+        if self.shards is None or name not in ROWS_OF:
+            self._write_npy(f"{name}.npy", array)
+            return
+        bounds = [shard.rows(ROWS_OF[name]) for shard in self.shards]
+        if bounds[-1][1] != array.shape[0]:
+            raise QCGError(f"{name}: {array.shape[0]} rows, the shards hold {bounds[-1][1]}")
+        blocks = RowBlocks(iter(array.parts))
+        for shard, (lo, hi) in zip(self.shards, bounds):
+            shape = (hi - lo, *array.shape[1:])
+            self._write_npy(shard.file(f"{name}.npy"), ArrayParts(shape, array.dtype, blocks.take(hi - lo)))
+
+    def write_graph(self, indptr: np.ndarray, indices: np.ndarray, scores: np.ndarray) -> None:
+        """The kNN CSR; in a sharded index, each shard's rows (its indptr from 0, node ids global)."""
+        if self.shards is None:
+            for name, array in zip(GRAPH_ARRAYS, (indptr, indices, scores)):
+                self._write_npy(f"{name}.npy", array)
+            return
+        for shard in self.shards:
+            lo, hi = shard.nodes
+            first, last = int(indptr[lo]), int(indptr[hi])
+            self._write_npy(shard.file("knn_indptr.npy"), np.asarray(indptr[lo : hi + 1]) - first)
+            self._write_npy(shard.file("knn_indices.npy"), indices[first:last])
+            self._write_npy(shard.file("knn_scores.npy"), scores[first:last])
+
+    def _write_npy(self, filename: str, array: np.ndarray | ArrayParts) -> None:
         if isinstance(array, np.ndarray):
             array = ArrayParts(array.shape, array.dtype, [array])
         header = {"descr": np.lib.format.dtype_to_descr(array.dtype), "fortran_order": False, "shape": array.shape}
-        with open(self.data / f"{name}.npy", "wb") as fh:
+        path = self.data / filename
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as fh:
             np.lib.format.write_array_header_1_0(fh, header)
             rows = 0
             for part in array.parts:
                 fh.write(np.ascontiguousarray(part, dtype=array.dtype).tobytes())
                 rows += len(part)
         if rows != array.shape[0]:
-            raise QCGError(f"{name}: {rows} rows written, {array.shape[0]} announced")
-        self.files[f"{name}.npy"] = file_sha256(self.data / f"{name}.npy")
+            raise QCGError(f"{filename}: {rows} rows written, {array.shape[0]} announced")
+        self.files[filename] = file_sha256(path)
 
     def commit(self, manifest: dict) -> Path:
         if self.root == self.out:  # replacing a live index: not in the middle of another writer's update
@@ -167,6 +305,9 @@ class IndexWriter:
 
     def _publish(self, manifest: dict) -> Path:
         manifest = {"format_version": FORMAT_VERSION, **manifest, "data_dir": self.version, "files": self.files}
+        manifest.pop("shards", None)
+        if self.shards is not None:
+            manifest |= {"format_version": SHARDED_FORMAT_VERSION, "shards": [s.to_dict() for s in self.shards]}
         for name in self.files:
             _fsync(self.data / name)
         previous = _data_dir_name(self.root)
@@ -214,6 +355,56 @@ class IndexWriter:
         shutil.rmtree(self.data if self.root == self.out else self.root, ignore_errors=True)
 
 
+class _ParquetFile:
+    """One Parquet file of a writer, written in fixed row groups (``ROW_GROUP_ROWS``) whatever the parts."""
+
+    def __init__(self, writer: IndexWriter, filename: str, schema):
+        import pyarrow.parquet as pq
+
+        self.writer, self.filename, self.path = writer, filename, writer.data / filename
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = pq.ParquetWriter(self.path, schema, compression="zstd")
+        self.pending = schema.empty_table()  # rows not yet in a row group
+
+    def add(self, part) -> None:
+        import pyarrow as pa
+
+        self.pending = pa.concat_tables([self.pending, part])
+        while self.pending.num_rows >= ROW_GROUP_ROWS:
+            self.file.write_table(self.pending.slice(0, ROW_GROUP_ROWS), row_group_size=ROW_GROUP_ROWS)
+            self.pending = self.pending.slice(ROW_GROUP_ROWS)
+
+    def close(self) -> None:
+        if self.pending.num_rows:
+            self.file.write_table(self.pending, row_group_size=ROW_GROUP_ROWS)
+        self.file.close()
+        self.writer.files[self.filename] = file_sha256(self.path)
+
+    def __enter__(self) -> _ParquetFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class RowBlocks:
+    """Rows of a stream of row blocks, handed out ``take(n)`` rows at a time as lists of blocks."""
+
+    def __init__(self, parts):
+        self.parts, self.rest = parts, None
+
+    def take(self, n: int) -> list[np.ndarray]:
+        out = []
+        while n > 0:
+            if self.rest is None or not len(self.rest):
+                self.rest = next(self.parts)
+                continue
+            out.append(self.rest[:n])
+            n -= len(out[-1])
+            self.rest = self.rest[len(out[-1]) :]
+        return out
+
+
 def _fsync(path: Path) -> None:
     with open(path, "rb") as fh:
         os.fsync(fh.fileno())
@@ -233,7 +424,16 @@ def data_dir(index: str | Path, manifest: dict | None = None) -> Path:
     index = Path(index)
     if not (index / MANIFEST).exists():
         return index
-    return index / (manifest or read_manifest(index)).get("data_dir", ".")
+    name = (manifest or read_manifest(index)).get("data_dir", ".")
+    if not isinstance(name, str) or not _inside(name):
+        raise QCGError(f"index {index}: manifest.json names data_dir {name!r}, which is not a folder of the index")
+    return index / name
+
+
+def _inside(name: str) -> bool:
+    """Whether a path the manifest names stays inside the folder it is relative to."""
+    path = Path(name)
+    return not path.is_absolute() and ".." not in path.parts
 
 
 def index_root(folder: str | Path) -> Path:
@@ -252,6 +452,8 @@ def read_manifest(index: str | Path) -> dict:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise QCGError(f"{path} is corrupt: {exc}") from exc
+    if not isinstance(manifest, dict):
+        raise QCGError(f"{path} is corrupt: a JSON object was expected, not a {type(manifest).__name__}")
     if manifest.get("format_version") not in READABLE_VERSIONS:
         raise QCGError(
             f"{index} has index format {manifest.get('format_version')}; "
@@ -263,50 +465,105 @@ def read_manifest(index: str | Path) -> dict:
 def verify_file(index: str | Path, filename: str, manifest: dict) -> None:
     """Refuse a file whose sha256 differs from the one the writer recorded."""
     expected = manifest.get("files", {}).get(filename)
+    root = index_root(index)  # what qcg check takes, whether ``index`` is the index or its version directory
+    if not _inside(filename):
+        raise QCGError(f"index {root}: manifest.json lists {filename!r}, which is not a file of the index")
     path = data_dir(index, manifest) / filename
     if expected is None:
-        raise QCGError(f"index {index}: {filename} is not listed in manifest.json")
+        raise QCGError(f"index {root}: {filename} is not listed in manifest.json")
     if not path.exists():
-        raise QCGError(f"index {index} is missing {filename}")
+        raise QCGError(f"index {root} is missing {filename}")
     if file_sha256(path) != expected:
         raise QCGError(
-            f"index {index}: {filename} does not match its checksum in manifest.json "
-            f"(corrupt, or changed after it was written); run: qcg check {index}"
+            f"index {root}: {filename} does not match its checksum in manifest.json "
+            f"(corrupt, or changed after it was written); run: qcg check {index_root(index)}"
         )
 
 
-def load_array(index: str | Path, name: str, mmap: bool = True, manifest: dict | None = None) -> np.ndarray:
-    """An array of the index (memory-mapped); checked against the manifest's checksum when ``manifest`` is given."""
-    path = data_dir(index, manifest) / f"{name}.npy"
-    if not path.exists():
-        raise QCGError(f"index {index} is missing {path.name}")
+def _layout(index: str | Path, manifest: dict | None) -> dict | None:
+    """The manifest that says how ``index``'s files are laid out: the one given, else the index's own
+    (None for a bare version directory, which is stored whole)."""
     if manifest is not None:
-        verify_file(index, path.name, manifest)
+        return manifest
+    return read_manifest(index) if (Path(index) / MANIFEST).exists() else None
+
+
+def load_array(
+    index: str | Path, name: str, mmap: bool = True, manifest: dict | None = None, verify: bool | None = None
+) -> np.ndarray:
+    """An array of the index, memory-mapped when it is stored whole (a sharded index's shards are joined in
+    memory); checked against the manifest's checksums when ``verify`` (default: when ``manifest`` is given)."""
+    verify = manifest is not None if verify is None else verify
+    layout = _layout(index, manifest)
+    shards = index_shards(layout) if layout else []
+    if shards:
+        parts = [load_shard_array(index, layout, shard, name, mmap, verify) for shard in shards]  # type: ignore[arg-type]
+        if name == "knn_indptr":  # each shard's indptr starts at 0
+            ends = np.cumsum([p[-1] for p in parts])
+            return np.concatenate([[0]] + [p[1:] + (end - p[-1]) for p, end in zip(parts, ends)]).astype(parts[0].dtype)
+        return np.concatenate(parts)
+    return _load_npy(index, f"{name}.npy", mmap, layout if verify else None)
+
+
+def load_shard_array(
+    index: str | Path, manifest: dict, shard: Shard, name: str, mmap: bool = True, verify: bool = True
+) -> np.ndarray:
+    """One shard's rows of an array (a kNN array: its rows' CSR, indptr from 0)."""
+    return _load_npy(index, shard.file(f"{name}.npy"), mmap, manifest if verify else None, manifest)
+
+
+def _load_npy(index, filename: str, mmap: bool, checked: dict | None, layout: dict | None = None) -> np.ndarray:
+    path = data_dir(index, checked or layout) / filename
+    if not path.exists():
+        raise QCGError(f"index {index_root(index)} is missing {filename}")
+    if checked is not None:
+        verify_file(index, filename, checked)
     try:
         return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
         root = index_root(index)
-        raise QCGError(f"index {root}: {path.name} is unreadable ({exc}); run: qcg check {root}") from exc
+        raise QCGError(f"index {root}: {filename} is unreadable ({exc}); run: qcg check {root}") from exc
 
 
-def load_table(index: str | Path, name: str, manifest: dict | None = None):
+def load_table(index: str | Path, name: str, manifest: dict | None = None, verify: bool | None = None):
+    """A table of the index (a sharded index's shards joined); checksums checked as :func:`load_array` does."""
+    import pyarrow as pa
+
+    verify = manifest is not None if verify is None else verify
+    layout = _layout(index, manifest)
+    shards = index_shards(layout) if layout else []
+    files = [s.file(f"{name}.parquet") for s in shards] or [f"{name}.parquet"]
+    return pa.concat_tables([_load_parquet(index, f, layout if verify else None, layout) for f in files])
+
+
+def load_shard_table(index: str | Path, manifest: dict, shard: Shard, name: str, verify: bool = True):
+    """One shard's rows of a table."""
+    return _load_parquet(index, shard.file(f"{name}.parquet"), manifest if verify else None, manifest)
+
+
+def _load_parquet(index, filename: str, checked: dict | None, layout: dict | None):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    path = data_dir(index, manifest) / f"{name}.parquet"
+    path = data_dir(index, checked or layout) / filename
     if not path.exists():
-        raise QCGError(f"index {index} is missing {path.name}")
-    if manifest is not None:
-        verify_file(index, path.name, manifest)
+        raise QCGError(f"index {index_root(index)} is missing {filename}")
+    if checked is not None:
+        verify_file(index, filename, checked)
     try:
-        return pq.read_table(path)
+        with open(path, "rb") as fh:  # a Python file: audit hooks see it opened (``shard_backend.ShardActor``)
+            return pq.read_table(fh)
     except (OSError, pa.ArrowException) as exc:
         root = index_root(index)
-        raise QCGError(f"index {root}: {path.name} is unreadable ({exc}); run: qcg check {root}") from exc
+        raise QCGError(f"index {root}: {filename} is unreadable ({exc}); run: qcg check {root}") from exc
 
 
-def csr_problems(indptr: np.ndarray, indices: np.ndarray, n_nodes: int) -> list[str]:
-    """What is wrong with a kNN CSR over ``n_nodes`` nodes (empty when it is valid). O(edges)."""
+def csr_problems(
+    indptr: np.ndarray, indices: np.ndarray, n_nodes: int, n_targets: int | None = None, first_row: int = 0
+) -> list[str]:
+    """What is wrong with a kNN CSR of ``n_nodes`` rows (node ids from ``first_row``: a shard's) over
+    ``n_targets`` nodes (default ``n_nodes``); empty when it is valid. O(edges)."""
+    n_targets = n_nodes if n_targets is None else n_targets
     if indptr.ndim != 1 or len(indptr) != n_nodes + 1:
         return [f"knn_indptr has {len(indptr)} entries for {n_nodes} nodes (expected {n_nodes + 1})"]
     problems = []
@@ -316,10 +573,10 @@ def csr_problems(indptr: np.ndarray, indices: np.ndarray, n_nodes: int) -> list[
         )
     elif (np.diff(indptr) < 0).any():
         problems.append("knn_indptr decreases")
-    if len(indices) and (indices.min() < 0 or indices.max() >= n_nodes):
-        problems.append(f"knn_indices holds node ids outside [0, {n_nodes})")
+    if len(indices) and (indices.min() < 0 or indices.max() >= n_targets):
+        problems.append(f"knn_indices holds node ids outside [0, {n_targets})")
     elif not problems and len(indices):
-        rows = np.repeat(np.arange(n_nodes), np.diff(indptr))
+        rows = first_row + np.repeat(np.arange(n_nodes), np.diff(indptr))
         if (rows == indices).any():
             problems.append("the kNN graph has self-loops")
     return problems

@@ -8,7 +8,19 @@ from pathlib import Path
 import numpy as np
 
 from .errors import QCGError
-from .index_format import ARRAYS, MANIFEST, TABLES, csr_problems, load_array, load_table, read_manifest, verify_file
+from .index_format import (
+    ARRAYS,
+    MANIFEST,
+    TABLES,
+    csr_problems,
+    expected_files,
+    index_shards,
+    load_array,
+    load_shard_array,
+    load_table,
+    read_manifest,
+    verify_file,
+)
 
 BLOCK_ROWS = 1 << 18
 NORM_TOLERANCE = {np.dtype(np.float32): 1e-3, np.dtype(np.float16): 1e-2}
@@ -20,7 +32,7 @@ def check_index(index: str | Path, checksums: bool = True) -> list[str]:
     manifest = read_manifest(index)
     problems: list[str] = []
     listed = manifest.get("files", {})
-    for name in [f"{t}.parquet" for t in TABLES] + [f"{a}.npy" for a in ARRAYS]:
+    for name in expected_files(manifest):
         if name not in listed:
             problems.append(f"{name} is not listed in {MANIFEST}")
     if checksums:
@@ -28,6 +40,9 @@ def check_index(index: str | Path, checksums: bool = True) -> list[str]:
             problems += _attempt(lambda name=name: verify_file(index, name, manifest))
     if problems:
         return problems  # shapes of corrupt files would only add noise
+    problems += _shard_problems(index, manifest)
+    if problems:
+        return problems
     counts, dim = manifest["counts"], manifest["models"]["embedding_dim"]
     arrays = {name: load_array(index, name) for name in ARRAYS}
     tables = {name: load_table(index, name) for name in TABLES}
@@ -42,6 +57,24 @@ def check_index(index: str | Path, checksums: bool = True) -> list[str]:
     if len(arrays["knn_scores"]) != len(arrays["knn_indices"]):
         problems.append(f"knn_scores has {len(arrays['knn_scores'])} entries for {len(arrays['knn_indices'])} edges")
     problems += _table_problems(tables, counts)
+    return problems
+
+
+def _shard_problems(index: Path, manifest: dict) -> list[str]:
+    """A sharded index's shards: consecutive node, chunk and pair ranges from 0, each with its kNN rows."""
+    shards, problems = index_shards(manifest), []
+    counts = manifest["counts"]
+    for space, total in (("nodes", counts["nodes"]), ("chunks", counts["chunks"]), ("pairs", counts["pairs_valid"])):
+        ranges = [s.rows(space) for s in shards]
+        if ranges and (
+            ranges[0][0] != 0 or ranges[-1][1] != total or any(a[1] != b[0] for a, b in zip(ranges, ranges[1:]))
+        ):
+            problems.append(f"the shards' {space} ranges {ranges} do not cover 0..{total} in order")
+    for shard in shards if not problems else []:
+        lo, hi = shard.nodes
+        indptr = load_shard_array(index, manifest, shard, "knn_indptr", verify=False)
+        indices = load_shard_array(index, manifest, shard, "knn_indices", verify=False)
+        problems += [f"shard {shard.name}: {p}" for p in csr_problems(indptr, indices, hi - lo, counts["nodes"], lo)]
     return problems
 
 

@@ -78,7 +78,9 @@ def _add_query_arguments(parser) -> None:
 def run(args) -> int:
     import numpy as np
 
+    from ..index_format import read_manifest
     from ..retrieval import QCGIndex, check_queries, search
+    from ..retrieval.search import ray_mode
     from . import query_io
 
     config = retrieval_config(args)
@@ -89,7 +91,14 @@ def run(args) -> int:
     if args.answers and args.embeddings:
         raise QCGError("qcg answer needs query texts (--query or --queries), not --embeddings")
     query_io.check_output_file(args.out)
-    index = QCGIndex.load(args.index, verify=not args.no_verify)
+    ray = ray_config(args)
+    # on the shards of a sharded index, the workers hold the nodes and this process none of them
+    on_shards = ray.ray and args.method == "qcg" and ray_mode(ray.ray_mode, read_manifest(args.index)) == "shards"
+    if on_shards and args.trace:
+        raise QCGError(
+            "--trace walks the graph in this process; with --ray on a sharded index, pass --ray-mode queries"
+        )
+    index = QCGIndex.load(args.index, verify=not args.no_verify, nodes=not on_shards)
     cluster = ray_cluster(args)
     llm = answering_llm(args, cluster) if args.answers else None  # fail fast, before any retrieval work
     if args.embeddings:

@@ -310,4 +310,4 @@ def _publish(index: Path, stored: _Stored, summary: IndexSummary, change: dict) 
     }
     for key in ("format_version", "data_dir", "files"):
         updated.pop(key, None)
-    write_index(index, tables, stored.arrays, graph, updated, summary)
+    write_index(index, tables, stored.arrays, graph, updated, summary, tables["nodes"].column("chunk_id").to_numpy())

@@ -84,5 +84,6 @@ def build_index(
         graph,
         build_manifest(config, summary, model_name, embedder),
         summary,
+        embedded.nodes.chunk_id,
     )
     return summary

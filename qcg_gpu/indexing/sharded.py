@@ -89,7 +89,8 @@ def build_on_cluster(
         summary.edges = len(graph.indices)
         manifest = build_manifest(config, summary, model_name, embedder)
         tables = staging.index_tables(from_pairs=model_name is not None)
-        write_index(out, tables, staging.index_arrays(config.nodes), graph, manifest, summary)
+        arrays = staging.index_arrays(config.nodes)
+        write_index(out, tables, arrays, graph, manifest, summary, staging.node_chunk())
     finally:
         staging.remove()
     for leftover in out.parent.glob(f".{out.name}.shards-*"):  # of builds killed before they ended
@@ -261,6 +262,21 @@ class Staging:
             )
             for name, dtype in dtypes.items()
         }
+
+    def node_chunk(self) -> np.ndarray:
+        """Each node's chunk id, numbered across the shards (one column: what cutting node shards needs)."""
+        first = np.cumsum([0] + [count["chunks"] for count in self.counts])
+        return (
+            np.concatenate(
+                [
+                    pq.read_table(self.root / f"{s}-nodes.parquet", columns=["chunk_id"]).column("chunk_id").to_numpy()
+                    + first[s]
+                    for s in self.shards()
+                ]
+            )
+            if len(self.counts)
+            else np.zeros(0, np.int64)
+        )
 
     def _table_parts(self, name: str, from_pairs: bool) -> Iterator[pa.Table]:
         for shard in self.shards():

@@ -33,7 +33,7 @@ import pyarrow as pa
 from ..config import MACHINE_PATHS, IndexConfig, NodeConfig
 from ..embedding import Embedder
 from ..errors import QCGError
-from ..index_format import IndexWriter
+from ..index_format import IndexWriter, plan_shards
 from ..llm.backends import reproducibility
 from ..log import logger, progress_bar
 from .chunking import Chunk, chunk_document, load_tokenizer
@@ -281,19 +281,21 @@ def index_tables(
     }
 
 
-def write_index(out: Path, tables: dict, arrays: dict, graph: KnnGraph, manifest: dict, summary: IndexSummary) -> None:
+def write_index(
+    out: Path, tables: dict, arrays: dict, graph: KnnGraph, manifest: dict, summary: IndexSummary, node_chunk
+) -> None:
     """Write a new version of the index at ``out`` (tables, arrays, the kNN CSR) and publish it with
-    ``manifest`` (last, by one rename); a failure leaves nothing behind."""
-    writer = IndexWriter(out)
+    ``manifest`` (last, by one rename); a failure leaves nothing behind. Stored as node shards when the
+    settings' ``graph.shard_nodes`` asks (``node_chunk``: each node's chunk, to cut shards between chunks)."""
+    shard_nodes = manifest["settings"]["graph"].get("shard_nodes")
+    writer = IndexWriter(out, plan_shards(np.asarray(node_chunk), manifest["counts"]["chunks"], shard_nodes))
     try:
         with stage(summary, "write"):
-            for name, table in tables.items():
-                writer.write_table(name, table)
+            for name in ("nodes", "chunks", "pairs"):  # pairs before the pair embeddings: it sets their ranges
+                writer.write_table(name, tables[name])
             for name, array in arrays.items():
                 writer.write_array(name, array)
-            writer.write_array("knn_indptr", graph.indptr)
-            writer.write_array("knn_indices", graph.indices)
-            writer.write_array("knn_scores", graph.scores)
+            writer.write_graph(graph.indptr, graph.indices, graph.scores)
         writer.commit(manifest)  # stage_seconds is summary.seconds itself: the write time is in it
     except BaseException:
         writer.abort()

@@ -254,8 +254,9 @@ def rescore_and_rank(
 ):
     """Exact seeds of each non-overflowed row, then its expansion and top-K chunks (``expand_cpu.rank_query``),
     one query after the other: the seeds' rows are still in cache when the expansion scores them, and the
-    next query's candidate rows load meanwhile. Returns seed ids and sims (best first) and the chunks,
-    top-K chunks, scores and |Q*| per row; overflowed rows stay empty (-1)."""
+    next query's candidate rows load meanwhile. Returns seed ids and their float64 sims (best first: what
+    they rank by, so that seeds of node shards merge exactly), top-K chunks, scores and |Q*| per row;
+    overflowed rows stay empty (-1)."""
     rows = queries.shape[0]
     seed_ids, seed_sims, out_chunks, out_scores, out_selected = _new_outputs(rows, n, top_k)
     floors = np.empty(rows, dtype=np.float32)
@@ -287,7 +288,7 @@ def rescore_and_rank(
                 out_chunks[r],
                 out_scores[r],
             )
-    return seed_ids, seed_sims.astype(np.float32), out_chunks, out_scores, out_selected
+    return seed_ids, seed_sims, out_chunks, out_scores, out_selected
 
 
 @numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
@@ -317,7 +318,7 @@ def rescore_all_and_rank(queries, nodes, threshold, n, indptr, indices, node_chu
                 out_chunks[r],
                 out_scores[r],
             )
-    return seed_ids, seed_sims.astype(np.float32), out_chunks, out_scores, out_selected
+    return seed_ids, seed_sims, out_chunks, out_scores, out_selected
 
 
 @numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})

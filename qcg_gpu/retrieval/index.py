@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import QCGError
-from ..index_format import csr_problems, data_dir, load_array, load_table, read_manifest
+from ..index_format import Shard, csr_problems, data_dir, index_shards, load_array, load_table, read_manifest
 
 
 @dataclass
@@ -25,22 +25,30 @@ class QCGIndex:
     n_chunks: int
 
     verified: bool = False  # files were checked against the manifest's checksums (lazy reads are too)
+    nodes_loaded: bool = True  # False: a Ray driver's view of a sharded index (its workers hold the nodes)
     data: Path | None = None  # the version directory loaded: later reads stay on it while a rebuild publishes another
 
     @classmethod
-    def load(cls, path: str | Path, verify: bool = True) -> QCGIndex:
+    def load(cls, path: str | Path, verify: bool = True, nodes: bool = True) -> QCGIndex:
         """Load an index; ``verify`` checks each file read against its sha256 in the manifest
-        (a few seconds per GB) so a corrupt index is refused instead of answering wrongly."""
+        (a few seconds per GB) so a corrupt index is refused instead of answering wrongly. ``nodes=False``
+        loads no node array (their shards' owners do: ``shard_backend``), only the manifest and, on use, tables."""
         path = Path(path)
         manifest = read_manifest(path)
         data = data_dir(path, manifest)
-        checked = manifest if verify else None
-        emb = load_array(data, "node_embeddings", manifest=checked)
+        if not nodes:
+            dim, n_chunks = int(manifest["models"]["embedding_dim"]), int(manifest["counts"]["chunks"])
+            none = np.zeros(0, np.int64)
+            empty = np.zeros((0, dim), np.float32)
+            return cls(
+                path, manifest, empty, none, none, none, n_chunks, verified=verify, data=data, nodes_loaded=False
+            )
+        emb = load_array(data, "node_embeddings", manifest=manifest, verify=verify)
         if emb.dtype != np.float32:
             emb = emb.astype(np.float32)
-        node_chunk = load_table(data, "nodes", checked).column("chunk_id").to_numpy().astype(np.int64)
-        indptr = load_array(data, "knn_indptr", mmap=False, manifest=checked)
-        indices = load_array(data, "knn_indices", mmap=False, manifest=checked)
+        node_chunk = load_table(data, "nodes", manifest, verify).column("chunk_id").to_numpy().astype(np.int64)
+        indptr = load_array(data, "knn_indptr", mmap=False, manifest=manifest, verify=verify)
+        indices = load_array(data, "knn_indices", mmap=False, manifest=manifest, verify=verify)
         n, n_chunks = len(emb), int(manifest["counts"]["chunks"])
         # cheap structural checks always: the numba kernels index with these arrays unchecked
         problems = [] if emb.ndim == 2 else [f"node_embeddings has shape {emb.shape}"]
@@ -53,6 +61,11 @@ class QCGIndex:
         if problems:
             raise QCGError(f"index {path} is inconsistent: {'; '.join(problems)}; run: qcg check {path}")
         return cls(path, manifest, emb, indptr, indices, node_chunk, n_chunks, verified=verify, data=data)
+
+    @property
+    def shards(self) -> list[Shard]:
+        """The node shards it is stored in (empty: stored whole)."""
+        return index_shards(self.manifest)
 
     @property
     def dim(self) -> int:
@@ -69,11 +82,11 @@ class QCGIndex:
 
     def table(self, name: str):
         """Another table of the index (pairs, chunks), checksum-verified like the index was."""
-        return load_table(self.data or self.path, name, self.manifest if self.verified else None)
+        return load_table(self.data or self.path, name, self.manifest, self.verified)
 
     def array(self, name: str) -> np.ndarray:
         """Another array of the index (chunk or pair embeddings), checksum-verified like the index was."""
-        return load_array(self.data or self.path, name, manifest=self.manifest if self.verified else None)
+        return load_array(self.data or self.path, name, manifest=self.manifest, verify=self.verified)
 
     def embedder(self, device: str | None = None):
         """The embedder the index was built with (an :class:`embedding.Embedder`), treating long texts

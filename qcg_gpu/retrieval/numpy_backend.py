@@ -8,6 +8,7 @@ over every node. So the seeds and their similarities are the same whatever the p
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any
 
@@ -40,18 +41,31 @@ class NumpyBackend:
         self.fallback_rows = 0  # queries whose near-ties overflowed the candidates (rescored over every node)
 
     def search(self, q: np.ndarray, config: RetrievalConfig) -> RetrievalResult:
-        index, out = self.index, RetrievalResult.empty(len(q), config)
-        if self.prefilter is None:
-            return out
-        threshold, n = seed_threshold(config.gamma), min(config.n, index.n_nodes)
-        for start in range(0, len(q), self.prefilter.rows):
-            tile = q[start : start + self.prefilter.rows]
-            part = slice(start, start + len(tile))
-            ids, vals, ranked, overflow = self.prefilter.search(tile, threshold, n, config)
-            self._rescore_every_node(tile, np.flatnonzero(overflow), threshold, n, config, ids, vals, ranked)
-            out.seed_ids[part, : ids.shape[1]], out.seed_sims[part, : ids.shape[1]] = ids, vals
+        out = RetrievalResult.empty(len(q), config)
+        for part, ids, sims, ranked in self._tiles(q, config):
+            out.seed_ids[part, : ids.shape[1]], out.seed_sims[part, : ids.shape[1]] = ids, sims  # float32 of float64
             out.chunk_ids[part], out.scores[part], out.n_selected[part] = ranked
         return out
+
+    def seeds(self, q: np.ndarray, config: RetrievalConfig) -> tuple[np.ndarray, np.ndarray]:
+        """The seeds alone (B, min(n, N)), best first, with the float64 similarities they rank by: a node
+        shard's part of the seeds, which merge exactly with the other shards' (``shard_backend``)."""
+        n = min(config.n, self.index.n_nodes)
+        ids, sims = np.full((len(q), n), -1, np.int64), np.full((len(q), n), -np.inf, np.float64)
+        for part, tile_ids, tile_sims, _ in self._tiles(q, dataclasses.replace(config, hops=0, top_k=1)):
+            ids[part], sims[part] = tile_ids, tile_sims
+        return ids, sims
+
+    def _tiles(self, q: np.ndarray, config: RetrievalConfig):
+        """(rows, seed ids, float64 seed sims, [chunk ids, scores, |Q*|]) of each query tile."""
+        if self.prefilter is None:
+            return
+        threshold, n = seed_threshold(config.gamma), min(config.n, self.index.n_nodes)
+        for start in range(0, len(q), self.prefilter.rows):
+            tile = q[start : start + self.prefilter.rows]
+            ids, vals, ranked, overflow = self.prefilter.search(tile, threshold, n, config)
+            self._rescore_every_node(tile, np.flatnonzero(overflow), threshold, n, config, ids, vals, ranked)
+            yield slice(start, start + len(tile)), ids, vals, ranked
 
     def _rescore_every_node(self, tile, rows: np.ndarray, threshold, n: int, config, ids, vals, ranked) -> None:
         """Rows whose near-ties overflowed the candidates: seeds and chunks from every node's float64

@@ -6,6 +6,7 @@ Every backend honours the same contract (:class:`Backend`): checked unit queries
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Protocol
 
@@ -14,6 +15,7 @@ import numpy as np
 from ..capabilities import WITH_TORCH, cpu_has_amx, cpu_has_int8_simd, default_device, require, with_cuda
 from ..config import BASELINES, RetrievalConfig
 from ..errors import QCGError
+from ..index_format import index_shards
 from .index import QCGIndex
 from .result import RetrievalResult, check_queries
 
@@ -49,13 +51,27 @@ def prefilter_kind(config: RetrievalConfig, device: str = "cpu") -> str | None:
 
 
 def make_backend(index: QCGIndex, config: RetrievalConfig, cluster=None) -> Backend:
-    """The backend ``config`` names over ``index``; with a :class:`cluster.RayCluster`, the
-    queries split over its workers, each running that backend."""
+    """The backend ``config`` names over ``index``; with a :class:`cluster.RayCluster`, its workers
+    each hold their node shards (``ray_mode`` shards), or the whole index and a share of the queries."""
+    if cluster is not None and ray_mode(cluster.config.ray_mode, index.manifest) == "shards":
+        from .shard_backend import ray_owners
+
+        return ray_owners(cluster, index, prefilter_kind(dataclasses.replace(config, backend="numpy")))
+    if not index.nodes_loaded:
+        raise QCGError(f"{index.path}: its node arrays were not loaded (QCGIndex.load(nodes=False))")
     if cluster is not None:
         from .ray_backend import RayBackend
 
         return RayBackend(index, cluster, local_backend)
     return local_backend(index, config)
+
+
+def ray_mode(mode: str, manifest: dict) -> str:
+    """How retrieval on Ray splits the work over an index (``RayConfig.ray_mode``): shards or queries."""
+    sharded = len(index_shards(manifest)) > 1
+    if mode == "shards" and not sharded:
+        raise QCGError("--ray-mode shards needs an index stored as several shards (build it with --shard-nodes N)")
+    return "shards" if mode == "shards" or (mode == "auto" and sharded) else "queries"
 
 
 def local_backend(index: QCGIndex, config: RetrievalConfig) -> Backend:

@@ -1,0 +1,334 @@
+"""Retrieval over a node-sharded index on Ray (issue 36): each worker holds only its shards, and the
+result equals one process's bit for bit.
+
+Each :class:`ShardOwner` loads a contiguous range of an index's node shards from their files alone
+(node embeddings, kNN rows, each node's chunk). One batch of queries then goes in three steps
+(METHOD.md, retrieval steps 2-5), the driver holding only per-query lists:
+
+1. Seeds: every owner returns its best n nodes with their float64 similarities, the numbers the
+   one-process kernels rank by (``NumpyBackend.seeds``); the driver merges them by (similarity desc,
+   node id asc) and keeps n. Ids are global, so this is the one-process choice.
+2. Expansion, h rounds: the driver asks the owners of the current frontier for their kNN rows and
+   appends each unseen neighbour in the order the one-process breadth-first walk finds it.
+3. Chunks: every owner gets the nodes of Q* it holds, in Q*'s order, and scores its own chunks with
+   the one-process kernel (``expand_cpu.expand_and_rank``: the same dot products, the chunk sums in the
+   same order); a chunk's nodes never span two shards, so each owner's top-K is exact, and the driver
+   merges them by (score desc, chunk id asc).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numba
+import numpy as np
+
+from ..config import RetrievalConfig
+from ..errors import QCGError
+from ..index_format import Shard, data_dir, index_shards, load_shard_array, load_shard_table
+from .index import QCGIndex
+from .result import RetrievalResult
+
+
+def owner_groups(shards: list[Shard], owners: int) -> list[list[Shard]]:
+    """Consecutive shards shared out to ``owners`` groups of about equal node counts (none empty)."""
+    owners = max(1, min(owners, len(shards)))
+    sizes = np.array([s.nodes[1] - s.nodes[0] for s in shards], dtype=np.float64)
+    ends = np.cumsum(sizes)
+    targets = ends[-1] * np.arange(1, owners) / owners
+    cuts = np.unique(np.clip(np.searchsorted(ends, targets, side="left") + 1, 1, len(shards) - 1))
+    return [list(group) for group in np.split(np.array(shards, dtype=object), cuts) if len(group)]
+
+
+class ShardOwner:
+    """A worker's node shards (a contiguous range of them), loaded from their own files and nothing else."""
+
+    def __init__(self, path: str, manifest: dict, shard_names: list[str], verify: bool = True):
+        shards = [s for s in index_shards(manifest) if s.name in set(shard_names)]
+        if [s.name for s in shards] != list(shard_names) or any(
+            a.nodes[1] != b.nodes[0] for a, b in zip(shards, shards[1:])
+        ):
+            raise QCGError(f"shards {shard_names} are not consecutive shards of {path}")
+        data = data_dir(path, manifest)
+        self.first_node, self.end_node = shards[0].nodes[0], shards[-1].nodes[1]
+        self.first_chunk, end_chunk = shards[0].chunks[0], shards[-1].chunks[1]
+
+        def array(name: str) -> list[np.ndarray]:
+            return [load_shard_array(data, manifest, s, name, mmap=False, verify=verify) for s in shards]
+
+        self.indptr, self.indices = _join_rows(array("knn_indptr"), array("knn_indices"))
+        emb = np.concatenate(array("node_embeddings")).astype(np.float32, copy=False)
+        node_chunk = np.concatenate(
+            [load_shard_table(data, manifest, s, "nodes", verify).column("chunk_id").to_numpy() for s in shards]
+        ).astype(np.int64)
+        local = QCGIndex(
+            Path(path),
+            manifest,
+            emb,
+            np.zeros(len(emb) + 1, np.int64),  # no edges: the driver walks the graph
+            np.zeros(0, np.int64),
+            node_chunk - self.first_chunk,
+            end_chunk - self.first_chunk,
+            verified=verify,
+            data=data,
+        )
+        self.local = local
+        self._seeds: dict = {}  # prefilter kind -> the NumpyBackend that selects this owner's seeds
+
+    def nodes(self) -> tuple[int, int]:
+        return self.first_node, self.end_node
+
+    def seeds(self, queries: np.ndarray, config: RetrievalConfig, prefilter: str | None):
+        """This owner's best n seeds per query (global ids, -1 padded) and their float64 similarities."""
+        from .numpy_backend import NumpyBackend
+
+        if prefilter not in self._seeds:
+            self._seeds[prefilter] = NumpyBackend(self.local, prefilter)
+        ids, sims = self._seeds[prefilter].seeds(queries, config)
+        return np.where(ids >= 0, ids + self.first_node, -1), sims
+
+    def rows(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The kNN rows of ``nodes`` (global ids this owner holds): their lengths and the neighbours, in order."""
+        local = nodes - self.first_node
+        starts, ends = self.indptr[local], self.indptr[local + 1]
+        return ends - starts, _gather_rows(self.indices, starts, ends)
+
+    def rank(self, queries: np.ndarray, ptr: np.ndarray, nodes: np.ndarray, top_k: int):
+        """Top-K of this owner's chunks per query from its nodes of Q* (``nodes[ptr[b]:ptr[b+1]]``, global
+        ids in Q*'s order): the one-process kernel, which sums each chunk's similarities in that order."""
+        from ..kernels import expand_cpu
+
+        width = int(np.diff(ptr).max()) if len(queries) else 0
+        selected = np.full((len(queries), max(width, 1)), -1, np.int64)
+        _fill_padded(selected, ptr, nodes - self.first_node)
+        chunks, scores, _ = expand_cpu.expand_and_rank(
+            selected,
+            self.local.knn_indptr,
+            self.local.knn_indices,
+            self.local.node_embeddings,
+            queries,
+            self.local.node_chunk,
+            self.local.n_chunks,
+            0,
+            top_k,
+            numba.get_num_threads(),
+        )
+        return np.where(chunks >= 0, chunks + self.first_chunk, -1), scores
+
+
+class ShardedBackend:
+    """QCG retrieval over ``owners`` (handles whose methods are called as ``call(owner, name, *args)``): Ray
+    actors of :class:`ShardOwner` on a cluster, or plain ones in this process (tests, one machine)."""
+
+    def __init__(self, owners: list, bounds: np.ndarray, call, prefilter: str | None):
+        self.owners, self.bounds, self.call, self.prefilter = owners, bounds, call, prefilter
+        self.bytes_moved = 0  # driver <-> owner payload bytes (arrays), for the benchmark
+
+    def search(self, queries: np.ndarray, config: RetrievalConfig) -> RetrievalResult:
+        out = RetrievalResult.empty(len(queries), config)
+        if not len(queries):
+            return out
+        seed_ids, seed_sims = self._seeds(queries, config)
+        out.seed_ids[:, : seed_ids.shape[1]], out.seed_sims[:, : seed_ids.shape[1]] = seed_ids, seed_sims
+        ptr, selected = _seed_lists(seed_ids)
+        frontier = ptr[:-1].copy()
+        for _ in range(config.hops):
+            wanted = np.unique(_frontier_nodes(ptr, selected, frontier))
+            rows_ptr, neighbours = self._rows(wanted)
+            ptr, selected, frontier = _expand_round(ptr, selected, frontier, wanted, rows_ptr, neighbours)
+        out.n_selected[:] = np.diff(ptr)
+        out.chunk_ids[:], out.scores[:] = self._rank(queries, ptr, selected, config.top_k)
+        return out
+
+    def _gather(self, name: str, args_of) -> list:
+        """``name`` on every owner, each with its own arguments; the results in owner order."""
+        calls = [(owner, args_of(i)) for i, owner in enumerate(self.owners)]
+        self.bytes_moved += sum(_nbytes(args) for _, args in calls)
+        results = self.call([(owner, name, args) for owner, args in calls])
+        self.bytes_moved += sum(_nbytes(r) for r in results)
+        return results
+
+    def _seeds(self, queries: np.ndarray, config: RetrievalConfig) -> tuple[np.ndarray, np.ndarray]:
+        parts = self._gather("seeds", lambda i: (queries, config, self.prefilter))
+        ids = np.concatenate([p[0] for p in parts], axis=1)
+        sims = np.concatenate([p[1] for p in parts], axis=1)
+        order = np.lexsort((ids, -sims), axis=-1)[:, : config.n]  # sim desc, id asc; padding (-inf) last
+        return np.take_along_axis(ids, order, 1), np.take_along_axis(sims, order, 1)
+
+    def _rows(self, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        cuts = np.searchsorted(wanted, self.bounds[1:-1])
+        asked = np.split(wanted, cuts)
+        parts = self._gather("rows", lambda i: (asked[i],))
+        lengths = np.concatenate([p[0] for p in parts])
+        return np.concatenate([[0], np.cumsum(lengths)]), np.concatenate([p[1] for p in parts])
+
+    def _rank(self, queries, ptr, selected, top_k: int):
+        owner = np.searchsorted(self.bounds, selected, side="right") - 1
+        query_of = np.repeat(np.arange(len(ptr) - 1), np.diff(ptr))
+
+        def args(i):
+            mine = owner == i
+            counts = np.bincount(query_of[mine], minlength=len(ptr) - 1)
+            return queries, np.concatenate([[0], np.cumsum(counts)]), selected[mine], top_k
+
+        parts = self._gather("rank", args)
+        chunks = np.concatenate([p[0] for p in parts], axis=1)
+        scores = np.concatenate([p[1] for p in parts], axis=1)
+        order = np.lexsort((np.where(chunks >= 0, chunks, np.iinfo(np.int64).max), -scores), axis=-1)[:, :top_k]
+        return np.take_along_axis(chunks, order, 1), np.take_along_axis(scores, order, 1)
+
+
+def local_owners(index_path, manifest: dict, owners: int, verify: bool = True) -> ShardedBackend:
+    """A :class:`ShardedBackend` whose owners live in this process (one machine, tests)."""
+    groups = owner_groups(index_shards(manifest), owners)
+    made = [ShardOwner(str(index_path), manifest, [s.name for s in group], verify) for group in groups]
+    return ShardedBackend(made, _bounds(groups), _call_local, None)
+
+
+class ShardActor:
+    """A Ray actor holding one :class:`ShardOwner`, kept across searches of the same index version. It
+    records every shard file its process opens (``files_opened``), whoever opens it: where a worker
+    reads its shards from is worth knowing on a cluster, and the tests check it reads only its own."""
+
+    def __init__(self):
+        self.key, self.owner, self.opened = None, None, set()
+        sys.addaudithook(self._record)
+
+    def _record(self, event: str, args: tuple) -> None:
+        if event == "open" and isinstance(args[0], str) and f"{os.sep}shards{os.sep}" in args[0]:
+            self.opened.add(args[0])
+
+    def files_opened(self) -> list[str]:
+        return sorted(self.opened)
+
+    def load(self, path: str, manifest: dict, shard_names: list[str], verify: bool) -> tuple[int, int]:
+        key = (path, manifest.get("data_dir"), tuple(shard_names), verify)
+        if key != self.key:
+            self.owner, self.key = None, None  # the old shards go before the new ones load
+            self.owner, self.key = ShardOwner(path, manifest, shard_names, verify), key
+        return self.owner.nodes()
+
+    def call(self, name: str, *args):
+        return getattr(self.owner, name)(*args)
+
+
+def ray_owners(cluster, index: QCGIndex, prefilter: str | None) -> ShardedBackend:
+    """A :class:`ShardedBackend` whose owners are actors on ``cluster``'s workers (one per worker, or
+    per shard where there are fewer), each loading its shards from the index's files."""
+    groups = owner_groups(index.shards, cluster.workers)
+    actors = cluster.actors(ShardActor, reuse=True, count=len(groups))
+    path = str(index.path)
+    loads = [a.load.remote(path, index.manifest, [s.name for s in g], index.verified) for a, g in zip(actors, groups)]
+    _ray_results(cluster, loads)
+
+    def call(calls: list) -> list:
+        return _ray_results(cluster, [owner.call.remote(name, *args) for owner, name, args in calls])
+
+    return ShardedBackend(actors, _bounds(groups), call, prefilter)
+
+
+def _ray_results(cluster, futures: list) -> list:
+    """The results of ``futures``; a worker's QCGError (a corrupt shard, say) as the one-line error it is."""
+    try:
+        return cluster.gather(futures)
+    except cluster.ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, QCGError):
+            raise QCGError(str(exc.cause)) from None
+        raise
+
+
+def _call_local(calls: list) -> list:
+    return [getattr(owner, name)(*args) for owner, name, args in calls]
+
+
+def _bounds(groups: list[list[Shard]]) -> np.ndarray:
+    """Each owner's first node id, then the end of the last: owner i holds [bounds[i], bounds[i+1])."""
+    return np.array([g[0].nodes[0] for g in groups] + [groups[-1][-1].nodes[1]], dtype=np.int64)
+
+
+def _nbytes(value) -> int:
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if isinstance(value, (tuple, list)):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+def _join_rows(indptrs: list[np.ndarray], indices: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Consecutive shards' CSR rows (each indptr from 0) as one CSR."""
+    ends = np.cumsum([0] + [int(p[-1]) for p in indptrs])
+    indptr = np.concatenate([[0]] + [p[1:] + end for p, end in zip(indptrs, ends)]).astype(np.int64)
+    return indptr, np.concatenate(indices).astype(np.int64)
+
+
+@numba.njit(cache=True)
+def _gather_rows(indices, starts, ends):
+    out = np.empty(int((ends - starts).sum()), dtype=indices.dtype)
+    pos = 0
+    for i in range(len(starts)):
+        for e in range(starts[i], ends[i]):
+            out[pos] = indices[e]
+            pos += 1
+    return out
+
+
+@numba.njit(cache=True)
+def _fill_padded(out, ptr, values):
+    for b in range(len(ptr) - 1):
+        for j in range(ptr[b], ptr[b + 1]):
+            out[b, j - ptr[b]] = values[j]
+
+
+def _seed_lists(seed_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each query's seeds (best first, -1 padding dropped) as CSR lists: the start of Q*."""
+    valid = seed_ids >= 0
+    ptr = np.concatenate([[0], np.cumsum(valid.sum(axis=1))]).astype(np.int64)
+    return ptr, seed_ids[valid].astype(np.int64)
+
+
+@numba.njit(cache=True)
+def _frontier_nodes(ptr, selected, frontier):
+    out = np.empty(int((ptr[1:] - frontier).sum()), dtype=np.int64)
+    pos = 0
+    for b in range(len(ptr) - 1):
+        for i in range(frontier[b], ptr[b + 1]):
+            out[pos] = selected[i]
+            pos += 1
+    return out
+
+
+@numba.njit(cache=True)
+def _expand_round(ptr, selected, frontier, wanted, rows_ptr, neighbours):
+    """One hop of every query's breadth-first walk (``expand_cpu.expand``'s order): the neighbours of its
+    frontier nodes (``selected[frontier[b]:ptr[b+1]]``, rows looked up in ``wanted``/``rows_ptr``), each
+    unseen one appended once. Returns the new lists and frontiers."""
+    n_queries = len(ptr) - 1
+    bound = 0
+    for b in range(n_queries):
+        bound += ptr[b + 1] - ptr[b]
+        for i in range(frontier[b], ptr[b + 1]):
+            r = np.searchsorted(wanted, selected[i])
+            bound += rows_ptr[r + 1] - rows_ptr[r]
+    out = np.empty(bound, dtype=np.int64)
+    new_ptr = np.zeros(n_queries + 1, dtype=np.int64)
+    new_frontier = np.zeros(n_queries, dtype=np.int64)
+    pos = 0
+    for b in range(n_queries):
+        seen = set()
+        for i in range(ptr[b], ptr[b + 1]):
+            out[pos] = selected[i]
+            seen.add(selected[i])
+            pos += 1
+        new_frontier[b] = pos
+        for i in range(frontier[b], ptr[b + 1]):
+            r = np.searchsorted(wanted, selected[i])
+            for e in range(rows_ptr[r], rows_ptr[r + 1]):
+                v = neighbours[e]
+                if v not in seen:
+                    seen.add(v)
+                    out[pos] = v
+                    pos += 1
+        new_ptr[b + 1] = pos
+    return new_ptr, out[:pos], new_frontier

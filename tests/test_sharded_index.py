@@ -1,0 +1,249 @@
+"""The node-sharded index format (issue 36): shards cut between chunks, ids global, every file
+checksummed, and the joined shards equal to the same build stored whole (real builds, real files)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qcg_gpu import build_index
+from qcg_gpu.config import IndexConfig
+from qcg_gpu.errors import QCGError
+from qcg_gpu.index_format import (
+    ARRAYS,
+    SHARDED_FORMAT_VERSION,
+    TABLES,
+    data_dir,
+    index_shards,
+    load_array,
+    load_shard_array,
+    load_shard_table,
+    load_table,
+    plan_shards,
+    read_manifest,
+)
+from qcg_gpu.integrity import check_index
+from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever
+
+from .conftest import sample_docs
+
+SHARD_NODES = 60
+
+
+def sentence_config(shard_nodes: int | None = None) -> IndexConfig:
+    config = IndexConfig()
+    config.nodes.nodes, config.nodes.device = "sentence", "cpu"
+    config.graph.shard_nodes = shard_nodes
+    return config
+
+
+@pytest.fixture(scope="module")
+def whole_and_sharded(tmp_path_factory, embedder):
+    """The same eight LiHuaWorld chat logs indexed (sentence nodes) whole and in shards of <= 60 nodes."""
+    root = tmp_path_factory.mktemp("sharded")
+    docs = sample_docs(root / "docs", 8)
+    build_index(docs, root / "whole", sentence_config(), embedder=embedder)
+    build_index(docs, root / "sharded", sentence_config(SHARD_NODES), embedder=embedder)
+    return root / "whole", root / "sharded"
+
+
+def assert_same_index(whole, sharded):
+    """Every array and table of ``sharded``, its shards joined, equals ``whole``'s."""
+    for name in ARRAYS:
+        a, b = load_array(whole, name), load_array(sharded, name)
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
+    for name in TABLES:
+        assert load_table(whole, name).equals(load_table(sharded, name)), name
+
+
+def test_plan_cuts_between_chunks_and_gives_a_big_chunk_its_own_shard():
+    node_chunk = np.array([0, 0, 0, 1, 1, 3, 3, 3, 3, 3, 4])  # chunk 2 has no node, chunk 3 has 5
+    shards = plan_shards(node_chunk, 6, 4)
+    assert [(s.nodes, s.chunks) for s in shards] == [
+        ((0, 3), (0, 1)),
+        ((3, 5), (1, 3)),
+        ((5, 10), (3, 4)),
+        ((10, 11), (4, 6)),
+    ]
+    assert [s.nodes for s in plan_shards(node_chunk, 6, None)] == [(0, 11)]
+    assert [s.nodes for s in plan_shards(node_chunk, 6, 11)] == [(0, 11)]
+    with pytest.raises(QCGError, match="must be >= 1"):
+        plan_shards(node_chunk, 6, 0)
+    with pytest.raises(QCGError, match="chunk by chunk"):
+        plan_shards(np.array([1, 0]), 2, 1)
+
+
+def test_sharded_build_equals_the_whole_one(whole_and_sharded):
+    whole, sharded = whole_and_sharded
+    manifest = read_manifest(sharded)
+    shards = index_shards(manifest)
+    assert manifest["format_version"] == SHARDED_FORMAT_VERSION and len(shards) > 2
+    assert "shards" not in read_manifest(whole)
+    node_chunk = load_table(whole, "nodes").column("chunk_id").to_numpy()
+    for shard in shards:
+        lo, hi = shard.nodes
+        assert 0 < hi - lo <= SHARD_NODES or len(set(node_chunk[lo:hi])) == 1
+        ids = load_shard_table(sharded, manifest, shard, "nodes").column("chunk_id").to_numpy()
+        assert np.array_equal(ids, node_chunk[lo:hi])  # global chunk ids, the shard's own chunks
+        assert ids.min() >= shard.chunks[0] and ids.max() < shard.chunks[1]
+        emb = load_shard_array(sharded, manifest, shard, "node_embeddings")
+        assert np.array_equal(emb, load_array(whole, "node_embeddings")[lo:hi])
+    assert_same_index(whole, sharded)
+    assert check_index(sharded) == []
+    a, b = QCGIndex.load(whole), QCGIndex.load(sharded)
+    queries = a.node_embeddings[::7] + 0.01
+    config = RetrievalConfig(gamma=1.0, hops=2)
+    ra, rb = Retriever(a, config).search(queries), Retriever(b, config).search(queries)
+    for name in ("chunk_ids", "scores", "seed_ids", "seed_sims", "n_selected"):
+        assert np.array_equal(getattr(ra, name), getattr(rb, name)), name
+
+
+def test_a_corrupt_or_missing_shard_is_refused(whole_and_sharded, tmp_path):
+    _, sharded = whole_and_sharded
+    copy = tmp_path / "index"
+    shutil.copytree(sharded, copy)
+    manifest = read_manifest(copy)
+    victim = data_dir(copy) / index_shards(manifest)[1].file("node_embeddings.npy")
+    emb = np.load(victim)
+    emb[0, 0] += 0.5
+    np.save(victim, emb)
+    problems = check_index(copy)
+    assert any("shards/00001/node_embeddings.npy does not match its checksum" in p for p in problems), problems
+    with pytest.raises(QCGError, match="00001/node_embeddings.npy does not match its checksum"):
+        QCGIndex.load(copy)
+    victim.unlink()
+    assert any("missing shards/00001/node_embeddings.npy" in p for p in check_index(copy))
+    with pytest.raises(QCGError, match="missing shards/00001/node_embeddings.npy"):
+        QCGIndex.load(copy)
+
+
+def test_a_manifest_cannot_name_files_outside_the_index(whole_and_sharded, tmp_path):
+    whole, _ = whole_and_sharded
+    copy = tmp_path / "index"
+    shutil.copytree(whole, copy)
+    path = copy / "manifest.json"
+    manifest = json.loads(path.read_text())
+    outside = {**manifest, "data_dir": "../elsewhere"}
+    path.write_text(json.dumps(outside))
+    with pytest.raises(QCGError, match="not a folder of the index"):
+        QCGIndex.load(copy)
+    escaping = {**manifest, "files": {**manifest["files"], "../../../../etc/passwd": "0" * 64}}
+    path.write_text(json.dumps(escaping))
+    assert any("not a file of the index" in p for p in check_index(copy))
+    path.write_text("[1, 2]")
+    with pytest.raises(QCGError, match="a JSON object was expected"):
+        QCGIndex.load(copy)
+
+
+def test_shard_nodes_zero_is_refused_in_one_line(cli, tmp_path):
+    result = cli("index", "build", tmp_path, tmp_path / "out", "--nodes", "sentence", "--shard-nodes", "0")
+    assert result.returncode == 2 and "--shard-nodes must be >= 1, got 0" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import ray
+
+    from qcg_gpu.cluster import RayCluster
+    from qcg_gpu.config import RayConfig
+
+    started = RayCluster(RayConfig(ray=True, ray_workers=2))
+    yield started
+    ray.shutdown()
+
+
+RESULT_FIELDS = ("chunk_ids", "scores", "seed_ids", "seed_sims", "n_selected")
+
+
+@pytest.mark.parametrize("prefilter", ["off", "int8"])
+def test_shard_parallel_retrieval_on_ray_equals_one_process(whole_and_sharded, cluster, prefilter):
+    whole, sharded = whole_and_sharded
+    one = QCGIndex.load(whole)
+    driver = QCGIndex.load(sharded, nodes=False)  # the driver holds no node array
+    assert driver.n_nodes == 0 and len(driver.shards) > 2
+    rng = np.random.default_rng(7)
+    queries = one.node_embeddings[rng.choice(one.n_nodes, 64)] + rng.normal(0, 0.05, (64, one.dim))
+    for hops in (0, 1, 2):
+        config = RetrievalConfig(gamma=1.3, hops=hops, n=8, top_k=5, prefilter=prefilter)
+        want = Retriever(one, config).search(queries)
+        got = Retriever(driver, config, cluster).search(queries)
+        assert want.n_selected.min() > 0 and (hops == 0 or want.n_selected.max() > 8)
+        for name in RESULT_FIELDS:
+            assert np.array_equal(getattr(want, name), getattr(got, name)), (hops, name)
+    # each worker opened its own shards' files, and no other worker's
+    from qcg_gpu.retrieval.shard_backend import owner_groups
+
+    groups = owner_groups(driver.shards, cluster.workers)
+    opened = cluster.ray.get([actor.files_opened.remote() for actor in cluster._actors])
+    assert len(opened) == len(groups) == 2
+    for files, group in zip(opened, groups):
+        shard_dirs = {Path(f).parent.name for f in files}
+        assert shard_dirs == {s.name for s in group}, (shard_dirs, [s.name for s in group])
+
+
+def test_query_on_ray_reads_shards_and_refuses_bad_input(whole_and_sharded, tmp_path, cli, cluster):
+    whole, sharded = whole_and_sharded
+    cluster.release()  # the command makes its own RayCluster in this process: it needs the workers' CPUs
+    question = "When does Li Hua meet Adam?"
+    one = cli("query", whole, "--query", question, "--gamma", "1.0", "--hops", "2", "--quiet")
+    assert one.returncode == 0, one.stderr[-2000:]
+    result = cli("query", sharded, "--query", question, "--gamma", "1.0", "--hops", "2", "--quiet", "--ray")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout)["chunks"] == json.loads(one.stdout)["chunks"]
+    refused = cli("query", whole, "--query", question, "--ray", "--ray-mode", "shards", "--quiet")
+    assert refused.returncode == 2 and "--ray-mode shards needs an index stored as several shards" in refused.stderr
+    copy = tmp_path / "index"
+    shutil.copytree(sharded, copy)
+    victim = data_dir(copy) / index_shards(read_manifest(copy))[-1].file("knn_indices.npy")
+    victim.write_bytes(victim.read_bytes()[:-8] + b"\x00" * 8)
+    damaged = cli("query", copy, "--query", question, "--ray", "--quiet")
+    assert damaged.returncode == 2 and "knn_indices.npy does not match its checksum" in damaged.stderr
+    assert len(damaged.stderr.strip().splitlines()) == 1, damaged.stderr
+
+
+def test_add_and_remove_on_a_sharded_index_equal_sharded_rebuilds(tmp_path, embedder):
+    from qcg_gpu.indexing.incremental import add_documents, remove_documents
+
+    from .test_incremental import _split_docs
+    from .test_incremental import assert_same_index as assert_equivalent  # floats to 1e-5: batches differ
+
+    old, new, every = _split_docs(tmp_path, 4, 4)
+    config = sentence_config(SHARD_NODES)
+    build_index(old, tmp_path / "grown", config, embedder=embedder)
+    add_documents(tmp_path / "grown", new, config, embedder=embedder)
+    build_index(every, tmp_path / "full", config, embedder=embedder)
+    assert_equivalent(tmp_path / "grown", tmp_path / "full")
+    grown = index_shards(read_manifest(tmp_path / "grown"))
+    assert len(grown) > 2 and grown == index_shards(read_manifest(tmp_path / "full"))
+    assert check_index(tmp_path / "grown") == []
+
+    removed = sorted(p.stem for p in old.glob("*.txt"))[:2]
+    remove_documents(tmp_path / "grown", removed)
+    rest = tmp_path / "rest"
+    rest.mkdir()
+    for path in every.glob("*.txt"):
+        if path.stem not in removed:
+            shutil.copy(path, rest / path.name)
+    build_index(rest, tmp_path / "rest_index", config, embedder=embedder)
+    assert_equivalent(tmp_path / "grown", tmp_path / "rest_index")
+    assert index_shards(read_manifest(tmp_path / "grown")) == index_shards(read_manifest(tmp_path / "rest_index"))
+
+
+def test_a_ray_build_writes_the_same_shards(whole_and_sharded, tmp_path, cluster):
+    import dataclasses
+
+    _, sharded = whole_and_sharded
+    docs = sharded.parent / "docs"
+    config = sentence_config(SHARD_NODES)
+    saved = cluster.config
+    cluster.config = dataclasses.replace(saved, ray_shard_chunks=3)  # build shards (chunks) across node shards
+    try:
+        build_index(docs, tmp_path / "ray", config, cluster=cluster)
+    finally:
+        cluster.config = saved
+    assert index_shards(read_manifest(tmp_path / "ray")) == index_shards(read_manifest(sharded))
+    assert_same_index(sharded, tmp_path / "ray")
