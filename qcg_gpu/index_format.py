@@ -274,12 +274,16 @@ class IndexWriter:
             for name, array in zip(GRAPH_ARRAYS, (indptr, indices, scores)):
                 self._write_npy(f"{name}.npy", array)
             return
-        for shard in self.shards:
+        for i, shard in enumerate(self.shards):
             lo, hi = shard.nodes
             first, last = int(indptr[lo]), int(indptr[hi])
-            self._write_npy(shard.file("knn_indptr.npy"), np.asarray(indptr[lo : hi + 1]) - first)
-            self._write_npy(shard.file("knn_indices.npy"), indices[first:last])
-            self._write_npy(shard.file("knn_scores.npy"), scores[first:last])
+            self.write_shard_graph(i, np.asarray(indptr[lo : hi + 1]) - first, indices[first:last], scores[first:last])
+
+    def write_shard_graph(self, shard: int, indptr: np.ndarray, indices: np.ndarray, scores: np.ndarray) -> None:
+        """Shard ``shard``'s kNN rows (indptr from 0, global node ids), as soon as they are ranked."""
+        assert self.shards is not None, "a graph of one shard is written whole (write_graph)"
+        for name, array in zip(GRAPH_ARRAYS, (indptr, indices, scores)):
+            self._write_npy(self.shards[shard].file(f"{name}.npy"), array)
 
     def _write_npy(self, filename: str, array: np.ndarray | ArrayParts) -> None:
         if isinstance(array, np.ndarray):
@@ -510,6 +514,23 @@ def load_shard_array(
 ) -> np.ndarray:
     """One shard's rows of an array (a kNN array: its rows' CSR, indptr from 0)."""
     return _load_npy(index, shard.file(f"{name}.npy"), mmap, manifest if verify else None, manifest)
+
+
+def read_shard_rows(index: str | Path, manifest: dict, shards: list[Shard], name: str, verify: bool = True):
+    """Consecutive shards' rows of an embedding array, read straight into one array (no second copy)."""
+    parts = [load_shard_array(index, manifest, s, name, mmap=True, verify=verify) for s in shards]
+    out = np.empty((sum(len(p) for p in parts), *parts[0].shape[1:]), parts[0].dtype)
+    row = 0
+    for shard, part in zip(shards, parts):
+        with open(data_dir(index, manifest) / shard.file(f"{name}.npy"), "rb") as fh:
+            # past the header, the rows are read into place (the memory map gave their shape alone)
+            if np.lib.format.read_magic(fh) == (1, 0):
+                np.lib.format.read_array_header_1_0(fh)
+            else:
+                np.lib.format.read_array_header_2_0(fh)
+            fh.readinto(out[row : row + len(part)].data.cast("B"))
+        row += len(part)
+    return out
 
 
 def _load_npy(index, filename: str, mmap: bool, checked: dict | None, layout: dict | None = None) -> np.ndarray:

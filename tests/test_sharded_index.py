@@ -247,3 +247,25 @@ def test_a_ray_build_writes_the_same_shards(whole_and_sharded, tmp_path, cluster
         cluster.config = saved
     assert index_shards(read_manifest(tmp_path / "ray")) == index_shards(read_manifest(sharded))
     assert_same_index(sharded, tmp_path / "ray")
+
+
+@pytest.mark.parametrize("data", ["real", "ties"])
+def test_shard_by_shard_knn_equals_the_one_process_graph(whole_and_sharded, tmp_path, data):
+    """knn.shard_rows (a task per shard on Ray) against knn.knn_graph on the same nodes: every edge and
+    score equal, on real embeddings and on many exact duplicates (ties broken by lower id across shards)."""
+    from qcg_gpu.index_format import ArrayParts, IndexWriter
+    from qcg_gpu.indexing.knn import knn_graph, shard_rows
+
+    whole, _ = whole_and_sharded
+    emb = np.asarray(load_array(whole, "node_embeddings"))
+    if data == "ties":  # every node three times over: each row's best edges are exact ties
+        emb = np.repeat(emb[::3], 3, axis=0)
+    node_chunk = np.arange(len(emb)) // 5
+    writer = IndexWriter(tmp_path / "index", plan_shards(node_chunk, int(node_chunk[-1]) + 1, 37))
+    writer.write_array("node_embeddings", ArrayParts(emb.shape, emb.dtype, [emb]))
+    layout = {"shards": [s.to_dict() for s in writer.shards]}
+    want = knn_graph(emb, 4)
+    rows = [shard_rows(str(writer.data), layout, s, 4) for s in range(len(writer.shards))]
+    writer.abort()
+    assert np.array_equal(np.concatenate([r[1] for r in rows]), want.indices)
+    assert np.array_equal(np.concatenate([r[2] for r in rows]), want.scores)

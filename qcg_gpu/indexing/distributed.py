@@ -37,10 +37,11 @@ from ..cluster import RayCluster
 from ..config import GenerationConfig, NodeConfig
 from ..embedding import Windows, encode_whole, shape_batches, token_counts
 from ..errors import QCGError
+from ..index_format import IndexWriter
 from ..llm.backends import Completion, LLMBackend, SamplingSpec, collect, engine_settings, llm_name, request_seed
 from ..log import engine_log_level, progress_bar, quiet
 from ..models import DEFAULT_EMBEDDER, DEFAULT_LLM, resolve_model
-from .knn import KnnGraph, degree, exact_rows
+from .knn import KnnGraph, degree, exact_rows, shard_rows
 
 EMBED_BLOCK_BATCHES = 8  # embedder batches per block sent to one worker
 
@@ -67,6 +68,23 @@ def knn_graph_of_parts(
     futures = [task.remote(shared, int(b[0]), int(b[-1]) + 1, k_eff, backend, device) for b in blocks]
     rows = cluster.gather(futures, "kNN blocks")
     return KnnGraph.from_rows(np.concatenate([ids for ids, _ in rows]), np.concatenate([s for _, s in rows]))
+
+
+def knn_of_shards(cluster: RayCluster, writer: IndexWriter, k: int, backend: str, device: str | None) -> None:
+    """The exact kNN graph of a sharded index being written: one Ray task per node shard
+    (:func:`knn.shard_rows`) reads the shards' embeddings from the writer's files, one at a time, and
+    each shard's rows are written as they come back (the driver holds one shard's rows at a time).
+    The workers read the files where the writer writes them: a shared file system on several nodes."""
+    assert writer.shards is not None
+    cluster.release()
+    layout = {"shards": [s.to_dict() for s in writer.shards]}
+    task = cluster.ray.remote(**cluster.worker_resources)(shard_rows)
+    pending = {task.remote(str(writer.data), layout, i, k, backend, device): i for i in range(len(writer.shards))}
+    with progress_bar(total=len(pending), desc="kNN shards", unit="shard") as bar:
+        while pending:
+            [done], _ = cluster.ray.wait(list(pending), num_returns=1)
+            writer.write_shard_graph(pending.pop(done), *cluster.ray.get(done))
+            bar.update(1)
 
 
 def _concatenate(*parts: np.ndarray) -> np.ndarray:

@@ -258,3 +258,71 @@ def _rank_row_fully(emb: np.ndarray, row: int, k: int) -> tuple[np.ndarray, np.n
     scores = pair_scores(emb, np.full(len(others), row), others)
     order = np.lexsort((others, -scores))[:k]
     return others[order], scores[order]
+
+
+# ---- the exact graph of a sharded index, one shard's rows at a time --------------------------------
+
+
+def shard_rows(data: str, layout: dict, shard: int, k: int, backend: str = "auto", device: str | None = None):
+    """The exact kNN rows of node shard ``shard`` (its CSR: indptr from 0, global ids, float32 scores),
+    its nodes compared with every shard's, one shard read from ``data`` at a time: the task holds two
+    shards of embeddings at most. Equal to those rows of :func:`knn_graph` of every node: each shard
+    gives its k best by exact score (:func:`_best_in`), and the merge keeps the k best of those."""
+    from ..index_format import index_shards, read_shard_rows
+
+    shards = index_shards(layout)
+    mine = shards[shard]
+    rows = read_shard_rows(data, layout, [mine], "node_embeddings", verify=False).astype(np.float32, copy=False)
+    row_ids = np.arange(*mine.nodes, dtype=np.int64)
+    n = shards[-1].nodes[1]
+    k_eff = degree(k, n)
+    ids = np.full((len(rows), k_eff), n, np.int64)
+    scores = np.full((len(rows), k_eff), -np.inf)
+    for other in shards:
+        base = rows if other is mine else read_shard_rows(data, layout, [other], "node_embeddings", verify=False)
+        found, found_scores = _best_in(
+            rows, row_ids, np.asarray(base, np.float32), other.nodes[0], k_eff, backend, device
+        )
+        ids, scores = _merge_best(ids, scores, found, found_scores, k_eff)
+    return np.arange(len(rows) + 1, dtype=np.int64) * k_eff, ids.reshape(-1), scores.astype(np.float32).reshape(-1)
+
+
+def _best_in(rows, row_ids, base, first: int, k: int, backend: str, device: str | None):
+    """Each row's k best nodes of ``base`` (ids from ``first``) but itself, by exact float64 score, ties
+    by lower id: :func:`rank_candidates`'s rule over one block (candidates from a float32 search, a row
+    whose k-th score ties its weakest candidate ranked over the whole block). Padded with id N, -inf."""
+    width = min(len(base), k + 1 + CANDIDATE_MARGIN)
+    local = search_candidates(rows, base, width, backend, device)
+    cand = np.where(local >= 0, local + first, -1)
+    valid = (local >= 0) & (cand != row_ids[:, None])
+    scores = _cross_scores(rows, base, np.repeat(np.arange(len(rows)), width), np.where(valid, local, 0).reshape(-1))
+    scores = np.where(valid, scores.reshape(cand.shape), -np.inf)
+    weakest = np.where(valid, scores, np.inf).min(axis=1)
+    pad = np.iinfo(np.int64).max
+    order = np.lexsort((np.where(valid, cand, pad), -scores), axis=-1)
+    cand, scores = np.take_along_axis(cand, order, 1), np.take_along_axis(scores, order, 1)
+    kth = scores[:, min(k, width) - 1]
+    for r in np.flatnonzero((kth <= weakest) & (width < len(base))):  # a tie may go on past the candidates
+        all_scores = _cross_scores(rows, base, np.full(len(base), r), np.arange(len(base)))
+        others = np.arange(first, first + len(base))
+        keep = others != row_ids[r]
+        best = np.lexsort((others[keep], -all_scores[keep]))[:width]
+        cand[r], scores[r] = others[keep][best], all_scores[keep][best]
+    cand = np.where(np.isfinite(scores), cand, pad)
+    if width < k:
+        extra = k - width
+        cand = np.pad(cand, ((0, 0), (0, extra)), constant_values=pad)
+        scores = np.pad(scores, ((0, 0), (0, extra)), constant_values=-np.inf)
+    return cand[:, :k], scores[:, :k]
+
+
+def _merge_best(ids, scores, more_ids, more_scores, k: int):
+    """Per row, the k best of two ranked lists by (score desc, id asc)."""
+    both_ids, both_scores = np.concatenate([ids, more_ids], 1), np.concatenate([scores, more_scores], 1)
+    order = np.lexsort((both_ids, -both_scores), axis=-1)[:, :k]
+    return np.take_along_axis(both_ids, order, 1), np.take_along_axis(both_scores, order, 1)
+
+
+def _cross_scores(a: np.ndarray, b: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """float64 inner products a[rows[i]] . b[cols[i]], computed as :func:`pair_scores` computes them."""
+    return np.einsum("ij,ij->i", a[rows].astype(np.float64), b[cols].astype(np.float64))

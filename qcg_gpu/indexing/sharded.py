@@ -11,7 +11,9 @@ M = 20, 4 GB per 100k chunks. The driver of a Ray build streams the corpus throu
    the pairs (Doc2Query--) and makes the nodes (:func:`stages.embed_and_select`); what comes back
    is staged and dropped.
 3. kNN: the nodes' embeddings, left in the object store by the embedder actors, are joined there
-   (:func:`distributed.knn_graph_of_parts`); row blocks are searched by tasks.
+   (:func:`distributed.knn_graph_of_parts`); row blocks are searched by tasks. An index stored as
+   node shards (``--shard-nodes``) gets its graph once its embeddings are written instead: a task
+   per shard ranks its rows against every shard's file in turn (:func:`distributed.knn_of_shards`).
 4. write: each index file is streamed from the staged shards in order, renumbered.
 
 The staging directory sits next to the output, on the driver's disk (workers send their results
@@ -38,12 +40,13 @@ import pyarrow.parquet as pq
 from ..capabilities import require
 from ..cluster import RayCluster
 from ..config import IndexConfig, NodeConfig
-from ..index_format import TABLES, ArrayParts
+from ..index_format import TABLES, ArrayParts, IndexWriter, plan_shards
 from ..log import progress_bar, quiet
 from .chunking import Chunk
-from .distributed import EmbedWorker, knn_graph_of_parts, ray_llm
+from .distributed import EmbedWorker, knn_graph_of_parts, knn_of_shards, ray_llm
 from .documents import SkipLog
 from .generation import Doc2QueryRun
+from .knn import degree
 from .stages import (
     IndexSummary,
     Pairs,
@@ -77,25 +80,39 @@ def build_on_cluster(
             if doc2query:
                 doc2query.close()
         embedder, node_embeddings = _embed(staging, config.nodes, cluster, summary)
-        with stage(summary, "knn"):
-            graph = knn_graph_of_parts(
-                cluster,
-                node_embeddings,
-                summary.nodes,
-                config.graph.knn_k,
-                config.graph.knn_backend,
-                config.nodes.device,
-            )
-        summary.edges = len(graph.indices)
+        node_chunk = staging.node_chunk()
+        n_chunks = sum(count["chunks"] for count in staging.counts)
+        graph = _graph(cluster, config, summary, node_embeddings, node_chunk, n_chunks)
         manifest = build_manifest(config, summary, model_name, embedder)
         tables = staging.index_tables(from_pairs=model_name is not None)
-        arrays = staging.index_arrays(config.nodes)
-        write_index(out, tables, arrays, graph, manifest, summary, staging.node_chunk())
+        write_index(out, tables, staging.index_arrays(config.nodes), graph, manifest, summary, node_chunk)
     finally:
         staging.remove()
     for leftover in out.parent.glob(f".{out.name}.shards-*"):  # of builds killed before they ended
         shutil.rmtree(leftover, ignore_errors=True)
     return summary
+
+
+def _graph(
+    cluster: RayCluster, config: IndexConfig, summary: IndexSummary, node_embeddings: list, node_chunk, n_chunks: int
+):
+    """The kNN graph from the embeddings in the object store; for an index stored as node shards, what
+    ranks it from the shards' files once they are written (a task per shard, two shards held at most)."""
+    settings = config.graph
+    if len(plan_shards(node_chunk, n_chunks, settings.shard_nodes)) > 1:
+        summary.edges = summary.nodes * degree(settings.knn_k, summary.nodes)
+
+        def from_shards(writer: IndexWriter) -> None:
+            with stage(summary, "knn"):
+                knn_of_shards(cluster, writer, settings.knn_k, settings.knn_backend, config.nodes.device)
+
+        return from_shards
+    with stage(summary, "knn"):
+        graph = knn_graph_of_parts(
+            cluster, node_embeddings, summary.nodes, settings.knn_k, settings.knn_backend, config.nodes.device
+        )
+    summary.edges = len(graph.indices)
+    return graph
 
 
 def _chunk_and_generate(

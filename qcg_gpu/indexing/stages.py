@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib.metadata
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -282,11 +282,18 @@ def index_tables(
 
 
 def write_index(
-    out: Path, tables: dict, arrays: dict, graph: KnnGraph, manifest: dict, summary: IndexSummary, node_chunk
+    out: Path,
+    tables: dict,
+    arrays: dict,
+    graph: KnnGraph | Callable[[IndexWriter], None],
+    manifest: dict,
+    summary: IndexSummary,
+    node_chunk,
 ) -> None:
     """Write a new version of the index at ``out`` (tables, arrays, the kNN CSR) and publish it with
     ``manifest`` (last, by one rename); a failure leaves nothing behind. Stored as node shards when the
-    settings' ``graph.shard_nodes`` asks (``node_chunk``: each node's chunk, to cut shards between chunks)."""
+    settings' ``graph.shard_nodes`` asks (``node_chunk``: each node's chunk, to cut shards between chunks).
+    ``graph``: the kNN graph, or what writes it from the shards once their embeddings are written."""
     shard_nodes = manifest["settings"]["graph"].get("shard_nodes")
     writer = IndexWriter(out, plan_shards(np.asarray(node_chunk), manifest["counts"]["chunks"], shard_nodes))
     try:
@@ -295,7 +302,10 @@ def write_index(
                 writer.write_table(name, tables[name])
             for name, array in arrays.items():
                 writer.write_array(name, array)
-            writer.write_graph(graph.indptr, graph.indices, graph.scores)
+            if isinstance(graph, KnnGraph):
+                writer.write_graph(graph.indptr, graph.indices, graph.scores)
+            else:
+                graph(writer)
         writer.commit(manifest)  # stage_seconds is summary.seconds itself: the write time is in it
     except BaseException:
         writer.abort()

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..config import RetrievalConfig
 from ..errors import QCGError
-from ..index_format import Shard, data_dir, index_shards, load_shard_array, load_shard_table
+from ..index_format import Shard, data_dir, index_shards, load_shard_array, load_shard_table, read_shard_rows
 from .index import QCGIndex
 from .result import RetrievalResult
 
@@ -59,7 +59,7 @@ class ShardOwner:
             return [load_shard_array(data, manifest, s, name, mmap=False, verify=verify) for s in shards]
 
         self.indptr, self.indices = _join_rows(array("knn_indptr"), array("knn_indices"))
-        emb = np.concatenate(array("node_embeddings")).astype(np.float32, copy=False)
+        emb = read_shard_rows(data, manifest, shards, "node_embeddings", verify).astype(np.float32, copy=False)
         node_chunk = np.concatenate(
             [load_shard_table(data, manifest, s, "nodes", verify).column("chunk_id").to_numpy() for s in shards]
         ).astype(np.int64)
@@ -202,6 +202,11 @@ class ShardActor:
 
     def files_opened(self) -> list[str]:
         return sorted(self.opened)
+
+    def peak_rss(self) -> int:
+        """This worker process's peak resident memory in bytes (VmHWM): what its shards cost it."""
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
 
     def load(self, path: str, manifest: dict, shard_names: list[str], verify: bool) -> tuple[int, int]:
         key = (path, manifest.get("data_dir"), tuple(shard_names), verify)
