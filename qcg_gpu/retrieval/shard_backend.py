@@ -63,7 +63,7 @@ class ShardOwner:
         node_chunk = np.concatenate(
             [load_shard_table(data, manifest, s, "nodes", verify).column("chunk_id").to_numpy() for s in shards]
         ).astype(np.int64)
-        local = QCGIndex(
+        self.local = QCGIndex(
             Path(path),
             manifest,
             emb,
@@ -74,7 +74,6 @@ class ShardOwner:
             verified=verify,
             data=data,
         )
-        self.local = local
         self._seeds: dict = {}  # prefilter kind -> the NumpyBackend that selects this owner's seeds
 
     def nodes(self) -> tuple[int, int]:
@@ -119,8 +118,9 @@ class ShardOwner:
 
 
 class ShardedBackend:
-    """QCG retrieval over ``owners`` (handles whose methods are called as ``call(owner, name, *args)``): Ray
-    actors of :class:`ShardOwner` on a cluster, or plain ones in this process (tests, one machine)."""
+    """QCG retrieval over ``owners``, whose methods ``call`` runs, all owners at once (a list of (owner,
+    method name, arguments) in, their results out): Ray actors holding a :class:`ShardOwner` each on a
+    cluster (:func:`ray_owners`), or plain ones in this process (:func:`local_owners`)."""
 
     def __init__(self, owners: list, bounds: np.ndarray, call, prefilter: str | None):
         self.owners, self.bounds, self.call, self.prefilter = owners, bounds, call, prefilter
