@@ -152,3 +152,19 @@ CPU_EXTENSIONS = [  # (flag, label), fastest first
 
 def default_device() -> str:
     return "cuda" if with_cuda() else "cpu"
+
+
+def check_device(device: str, option: str) -> str:
+    """A torch device name this machine has (cpu, cuda, cuda:N), else one clear line naming ``option``."""
+    import re
+
+    match = re.fullmatch(r"cpu|cuda(?::(\d+))?", device)
+    if match is None:
+        raise QCGError(f"{option} {device!r}: name cpu, cuda or cuda:N")
+    if device != "cpu":
+        if not with_cuda():
+            raise QCGError(f"{option} {device}: this machine has no CUDA device (torch sees none)")
+        count = require("torch").cuda.device_count()
+        if match.group(1) is not None and int(match.group(1)) >= count:
+            raise QCGError(f"{option} {device}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    return device

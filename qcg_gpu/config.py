@@ -272,6 +272,8 @@ class NodeConfig:
     def validate(self) -> NodeConfig:
         if not 0 < self.alpha <= 1:
             raise QCGError(f"alpha must be in (0, 1], got {self.alpha}")
+        if self.embed_batch_size < 1:
+            raise QCGError(f"--embed-batch-size must be >= 1, got {self.embed_batch_size}")
         return self
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .capabilities import default_device, require
+from .capabilities import check_device, default_device, require
 from .errors import QCGError
 from .log import progress_bar, show_progress
 from .models import DEFAULT_EMBEDDER, resolve_model
@@ -45,7 +45,7 @@ class Embedder:
             raise QCGError(f"long_texts must be one of {', '.join(LONG_TEXT_MODES)}, got {long_texts!r}")
         path, self.model_name = resolve_model(model, DEFAULT_EMBEDDER)
         sentence_transformers = require("sentence_transformers")
-        self.device = device or default_device()
+        self.device = check_device(device, "the embedding device") if device else default_device()
         self.batch_size = batch_size
         try:
             with _model_loading_bar(show_progress()):

@@ -1,5 +1,5 @@
 """The on-disk index: ``manifest.json`` plus Parquet tables and .npy arrays in a version
-directory it names (see docs/indexing.md, "Index format").
+directory it names (see docs/index-format.md).
 
 A large index is stored as node shards (``--shard-nodes``): each shard holds a range of node ids
 (their embeddings, node table rows and kNN rows) and the chunks and pairs those nodes belong to, in

@@ -251,3 +251,8 @@ def test_every_help_page_prints(command, capsys):
     with pytest.raises(SystemExit) as exit:
         main([*command, "--help"])
     assert exit.value.code == 0 and "usage: qcg" in capsys.readouterr().out
+
+
+def test_a_zero_embedding_batch_is_refused_before_any_model_loads(tmp_path, cli):
+    result = cli("index", "build", tmp_path, tmp_path / "out", "--nodes", "sentence", "--embed-batch-size", "0")
+    assert result.returncode == 2 and "--embed-batch-size must be >= 1, got 0" in result.stderr

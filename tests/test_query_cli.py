@@ -130,6 +130,9 @@ def test_baselines_rank_chunks_by_their_expanded_text(small_index, embedder, cli
         (["--query", "x", "--gamma", "3"], "gamma must be in [0, 2]"),
         (["--query", "x", "--n", "0"], "n and top_k must be >= 1"),
         (["--queries", "/no/such/file.txt"], "queries file not found"),
+        (["--query", "x", "--retrieval-device", "bogus"], "--retrieval-device 'bogus': name cpu, cuda or cuda:N"),
+        (["--query", "x", "--retrieval-device", "cuda:7"], "--retrieval-device cuda:7: this machine has"),
+        (["--query", "x", "--embed-device", "gpu0"], "the embedding device 'gpu0': name cpu, cuda or cuda:N"),
     ],
 )
 def test_bad_query_input(small_index, args, message, cli):
@@ -176,3 +179,24 @@ def test_context_is_capped_in_tokens():
     context = build_context(chunks, 700)
     assert len(tokenizer.token_starts(context)) <= 700 + 12  # plus the [rank] labels
     assert "[1]" in context and "[2]" in context and "[3]" not in context
+
+
+def test_a_json_queries_file_is_read_as_json(small_index, tmp_path, cli):
+    """LiHuaWorld's own queries file ({id: {question, ...}}) and a JSON list: one query per entry, not per line."""
+    dataset = {
+        "62": {"question": "What time does Li Hua check in with Adam?", "answer": "5:30 PM"},
+        "7": "Who is Adam?",
+    }
+    (tmp_path / "q.json").write_text(json.dumps(dataset, indent=2))
+    result = cli("query", small_index, "--queries", tmp_path / "q.json", "--gamma", "1.0", "--quiet")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert [(r["query_id"], r["query"]) for r in _records(result.stdout)] == [
+        ("62", "What time does Li Hua check in with Adam?"),
+        ("7", "Who is Adam?"),
+    ]
+    (tmp_path / "list.json").write_text(json.dumps([{"query": "Who is Adam?", "query_id": "a"}, "Where is the gym?"]))
+    result = cli("query", small_index, "--queries", tmp_path / "list.json", "--quiet")
+    assert [r["query_id"] for r in _records(result.stdout)] == ["a", "1"]
+    (tmp_path / "bad.json").write_text('{"1": {"answer": "no question"}}')
+    result = cli("query", small_index, "--queries", tmp_path / "bad.json")
+    assert result.returncode == 2 and "query 1: needs a non-empty 'query'" in result.stderr

@@ -47,7 +47,8 @@ def write_output(path: str | Path | None, lines: list[str]) -> None:
 
 
 def read_queries(query: str | None = None, path: str | Path | None = None) -> tuple[list[str], list[str]]:
-    """(query ids, texts) from one --query or a .txt (a query per line) / .jsonl ({query_id?, query|question}) file."""
+    """(query ids, texts) from one --query or a .txt (a query per line), .jsonl ({query_id?, query|question} per
+    line) or .json file (a list of such records or strings, or {id: record}, as LiHuaWorld's queries files)."""
     if query is not None:
         if not query.strip():
             raise QCGError("the query is empty")
@@ -64,6 +65,8 @@ def read_queries(query: str | None = None, path: str | Path | None = None) -> tu
         raise QCGError(f"{path}:{where}: not UTF-8 text (byte {exc.object[exc.start]:#04x}); save it as UTF-8") from exc
     except OSError as exc:
         raise QCGError(f"cannot read queries file {path}: {exc.strerror}") from exc
+    if path.suffix == ".json":
+        return _json_queries(path, content)
     ids, texts = [], []
     for lineno, line in enumerate(content.splitlines(), 1):
         if not line.strip():
@@ -81,6 +84,28 @@ def read_queries(query: str | None = None, path: str | Path | None = None) -> tu
         else:
             ids.append(str(lineno))
             texts.append(line.strip())
+    if not texts:
+        raise QCGError(f"no queries in {path}")
+    return ids, texts
+
+
+def _json_queries(path: Path, content: str) -> tuple[list[str], list[str]]:
+    try:
+        data = json.loads(content)
+    except json.JSONDecodeError as exc:
+        raise QCGError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from exc
+    if not isinstance(data, (dict, list)):
+        raise QCGError(f"{path}: a .json queries file holds a list of queries or an object of them")
+    ids, texts = [], []
+    for key, record in data.items() if isinstance(data, dict) else enumerate(data):
+        if isinstance(record, dict):
+            text, qid = record.get("query") or record.get("question"), record.get("query_id", key)
+        else:
+            text, qid = record, key
+        if not isinstance(text, str) or not text.strip():
+            raise QCGError(f"{path}: query {key}: needs a non-empty 'query' (or 'question') string")
+        ids.append(str(qid))
+        texts.append(text.strip())
     if not texts:
         raise QCGError(f"no queries in {path}")
     return ids, texts

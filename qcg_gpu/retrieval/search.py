@@ -12,7 +12,15 @@ from typing import Protocol
 
 import numpy as np
 
-from ..capabilities import WITH_TORCH, cpu_has_amx, cpu_has_int8_simd, default_device, require, with_cuda
+from ..capabilities import (
+    WITH_TORCH,
+    check_device,
+    cpu_has_amx,
+    cpu_has_int8_simd,
+    default_device,
+    require,
+    with_cuda,
+)
 from ..config import BASELINES, RetrievalConfig
 from ..errors import QCGError
 from ..index_format import index_shards
@@ -94,8 +102,12 @@ class Retriever:
     ``Retriever`` per thread (the Ray workers each hold their own)."""
 
     def __init__(self, index: QCGIndex | str | Path, config: RetrievalConfig | None = None, cluster=None):
-        self.index = index if isinstance(index, QCGIndex) else QCGIndex.load(index)
         self.config = (config or RetrievalConfig()).validate()
+        if self.config.device is not None:  # before any work: a wrong device fails in one line
+            check_device(self.config.device, "--retrieval-device")
+            if backend_name(self.config) == "numpy" and self.config.device != "cpu":
+                raise QCGError(f"--retrieval-device {self.config.device}: the numpy backend runs on the CPU")
+        self.index = index if isinstance(index, QCGIndex) else QCGIndex.load(index)
         self.backend = make_backend(self.index, self.config, cluster)
 
     def search(self, queries: np.ndarray, config: RetrievalConfig | None = None) -> RetrievalResult:
