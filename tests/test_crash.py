@@ -130,3 +130,18 @@ def _cached(cache) -> int:
             return db.execute("SELECT COUNT(*) FROM replies").fetchone()[0]
     except sqlite3.OperationalError:
         return 0
+
+
+def test_ctrl_c_ends_in_one_line_and_leaves_nothing_behind(tmp_path):
+    docs = sample_docs(tmp_path / "docs", 4)
+    process = _start(docs, tmp_path / "index", "--nodes", "sentence", "--device", "cpu")
+    seen = []
+    for line in process.stdout:  # interrupted while it embeds, as a user pressing Ctrl-C would
+        seen.append(line)
+        if "[qcg] embed" in line:
+            break
+    process.send_signal(signal.SIGINT)
+    rest, _ = process.communicate(timeout=120)
+    assert process.returncode == 130, "".join(seen) + rest
+    assert "qcg: interrupted" in rest and "Traceback" not in rest, rest
+    assert _visible(tmp_path) == ["docs"]  # no index, and no half-written one

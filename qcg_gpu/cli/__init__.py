@@ -52,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     except QCGError as exc:
         print(f"qcg: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; writes are atomic and replies cached
+        print(
+            "qcg: interrupted (nothing half-written was published; a rerun reuses cached LLM replies)", file=sys.stderr
+        )
+        return 130
 
 
 def parse_arguments(argv: list[str]) -> argparse.Namespace:
