@@ -11,6 +11,7 @@ import contextlib
 import functools
 import importlib
 import importlib.util
+import threading
 
 from .errors import QCGError
 
@@ -56,24 +57,41 @@ def with_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+_exact_lock = threading.Lock()
+_exact_users = 0  # threads inside ieee_float32_matmul() now
+_host_settings: list = []  # what the host had set, restored when the last of them leaves
+
+
 @contextlib.contextmanager
 def ieee_float32_matmul():
     """float32 matrix products in full float32 inside this block, whatever the host process allowed:
     TF32 on CUDA (``torch.backends.cuda.matmul.allow_tf32``, ``set_float32_matmul_precision("high")``)
     or bf16 in oneDNN on CPU round inputs to 10 or 7 mantissa bits, far outside the float32 bounds that
-    exact seeds and kNN candidates rely on. Set through torch's per-backend API (reading the legacy
-    flags after it raises), restored on exit."""
+    exact seeds and kNN candidates rely on; and bf16 GEMMs on CUDA reduce in float32 (their prefilter's
+    bound assumes it). torch keeps these settings per process, so the block is shared: the first thread
+    in sets them and the last one out restores the host's, and no thread leaves another's GEMM in
+    reduced precision. A host thread outside any block that changes them meanwhile is not guarded."""
     import torch
 
-    settings = [torch.backends.cuda.matmul, torch.backends.mkldnn.matmul]
-    saved = [s.fp32_precision for s in settings]
-    for s in settings:
-        s.fp32_precision = "ieee"
+    global _exact_users
+    cuda, mkldnn = torch.backends.cuda.matmul, torch.backends.mkldnn.matmul
+    with _exact_lock:
+        if _exact_users == 0:
+            _host_settings[:] = [
+                cuda.fp32_precision,
+                mkldnn.fp32_precision,
+                cuda.allow_bf16_reduced_precision_reduction,
+            ]
+            cuda.fp32_precision = mkldnn.fp32_precision = "ieee"
+            cuda.allow_bf16_reduced_precision_reduction = False
+        _exact_users += 1
     try:
         yield
     finally:
-        for s, value in zip(settings, saved):
-            s.fp32_precision = value
+        with _exact_lock:
+            _exact_users -= 1
+            if _exact_users == 0:
+                cuda.fp32_precision, mkldnn.fp32_precision, cuda.allow_bf16_reduced_precision_reduction = _host_settings
 
 
 @functools.cache

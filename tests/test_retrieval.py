@@ -275,6 +275,66 @@ def test_tf32_allowed_by_the_host_process_changes_nothing(backend):
         np.testing.assert_array_equal(getattr(result, field), getattr(expected, field), err_msg=field)
 
 
+@pytest.mark.skipif(not WITH_TORCH, reason="the precision flags are torch's")
+def test_a_thread_leaving_the_exact_block_keeps_another_threads_gemm_exact():
+    """torch's precision flags are per process: thread A enters, B enters, A leaves while B is still in its
+    GEMM. B must still compute in IEEE float32, and the host's settings come back when the last one leaves."""
+    import threading
+
+    import torch
+
+    from qcg_gpu.capabilities import ieee_float32_matmul
+
+    flags = torch.backends.cuda.matmul, torch.backends.mkldnn.matmul
+    saved = [f.fp32_precision for f in flags]
+    for f in flags:
+        f.fp32_precision = "tf32"
+    inside, leave = threading.Event(), threading.Event()
+
+    def thread_a():
+        with ieee_float32_matmul():
+            inside.set()
+            leave.wait(10)
+
+    try:
+        a = threading.Thread(target=thread_a)
+        a.start()
+        inside.wait(10)
+        with ieee_float32_matmul():  # thread B (this one)
+            leave.set()
+            a.join(10)  # A has left the block; B is still inside
+            assert [f.fp32_precision for f in flags] == ["ieee", "ieee"]
+        assert [f.fp32_precision for f in flags] == ["tf32", "tf32"]  # the last one out restores the host's
+    finally:
+        for f, value in zip(flags, saved):
+            f.fp32_precision = value
+
+
+@pytest.mark.skipif(not WITH_TORCH, reason="the precision flags are torch's")
+def test_searches_in_two_threads_under_a_bf16_host_stay_exact():
+    """The docs' one Retriever per thread, on a host that set oneDNN's bf16 for float32 GEMMs: every result
+    of two threads searching at once equals the single-threaded float64-ranked one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    index = random_index(5, 20000, 384, 2, n_chunks=1000)
+    queries = queries_for(index, 5, 256)
+    config = RetrievalConfig(gamma=1.0, n=10, hops=1, top_k=5, backend="numpy", prefilter="off")
+    expected = Retriever(index, config).search(queries)
+    saved = torch.backends.mkldnn.matmul.fp32_precision
+    torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            retrievers = [Retriever(index, config) for _ in range(2)]
+            results = list(pool.map(lambda i: [retrievers[i % 2].search(queries) for _ in range(4)], range(2)))
+    finally:
+        torch.backends.mkldnn.matmul.fp32_precision = saved
+    for result in (r for runs in results for r in runs):
+        for field in ("seed_ids", "seed_sims", "chunk_ids", "scores"):
+            np.testing.assert_array_equal(getattr(result, field), getattr(expected, field), err_msg=field)
+
+
 def unit_rows(rng, rows: int, dim: int, around=None) -> np.ndarray:
     x = rng.standard_normal((rows, dim)) if around is None else around + 0.3 * rng.standard_normal((rows, dim))
     return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)

@@ -11,8 +11,6 @@ backend's (the same float64 numbers, summed in another order: equal unless two a
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 
 from ..capabilities import ieee_float32_matmul, require
@@ -68,7 +66,7 @@ class TorchBackend:
             return out
         threshold, n = float(seed_threshold(config.gamma)), min(config.n, n_nodes)
         threshold_first = True  # until a tile passes more candidates than the budget: then topk for the rest
-        with torch.inference_mode(), ieee_float32_matmul(), float32_accumulation(torch):
+        with torch.inference_mode(), ieee_float32_matmul():
             for start in range(0, len(q), self.tile_rows):
                 tile = torch.from_numpy(q[start : start + self.tile_rows]).to(self.device)
                 part = slice(start, start + len(tile))
@@ -259,18 +257,6 @@ def top_n_per_row(torch, rows, ids, vals, b: int, n: int):
     out_ids[rows[keep], rank[keep]] = ids[keep]
     out_vals[rows[keep], rank[keep]] = vals[keep]
     return out_ids, out_vals
-
-
-@contextlib.contextmanager
-def float32_accumulation(torch):
-    """cuBLAS may reduce bf16 GEMMs in bf16 by default; the prefilter's error bound assumes float32 sums."""
-    matmul = torch.backends.cuda.matmul
-    saved = matmul.allow_bf16_reduced_precision_reduction
-    matmul.allow_bf16_reduced_precision_reduction = False
-    try:
-        yield
-    finally:
-        matmul.allow_bf16_reduced_precision_reduction = saved
 
 
 def sort_best_first(ids, vals):
