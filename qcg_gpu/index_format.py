@@ -22,6 +22,7 @@ import itertools
 import json
 import os
 import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -149,9 +150,12 @@ def check_writable(out: Path, overwrite: bool) -> None:
         raise QCGError(f"{out} already exists; pass --overwrite to replace it")
     if out.exists() and not (out / MANIFEST).exists():
         raise QCGError(f"{out} exists and is not a qcg index; refusing to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if not os.access(out.parent, os.W_OK):
-        raise QCGError(f"cannot write to {out.parent}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out.parent):  # a real write: /proc and read-only mounts pass os.access
+            pass
+    except OSError as exc:
+        raise QCGError(f"cannot write the index at {out}: {exc.strerror or exc}") from exc
 
 
 _held_locks: dict[tuple[str, int], int] = {}  # (index, thread) -> depth: update_lock is re-entrant per thread

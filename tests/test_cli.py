@@ -256,3 +256,28 @@ def test_every_help_page_prints(command, capsys):
 def test_a_zero_embedding_batch_is_refused_before_any_model_loads(tmp_path, cli):
     result = cli("index", "build", tmp_path, tmp_path / "out", "--nodes", "sentence", "--embed-batch-size", "0")
     assert result.returncode == 2 and "--embed-batch-size must be >= 1, got 0" in result.stderr
+
+
+def test_write_failures_end_in_one_line_and_publish_nothing(tmp_path, cli, monkeypatch):
+    import errno
+
+    from qcg_gpu import index_format
+
+    from .conftest import sample_docs
+
+    docs = sample_docs(tmp_path / "docs", 2)
+    build = ("index", "build", docs)
+    options = ("--nodes", "sentence", "--device", "cpu", "--quiet")
+    (tmp_path / "a-file").write_text("")
+    for target in (tmp_path / "a-file" / "index", "/proc/qcg-index"):  # refused before any work
+        result = cli(*build, target, *options)
+        assert result.returncode == 2 and f"cannot write the index at {target}" in result.stderr, result.stderr
+
+    def disk_full(*args, **kwargs):  # the disk fills up while the index is written
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(index_format.np.lib.format, "write_array_header_1_0", disk_full)
+    result = cli(*build, tmp_path / "index", *options)
+    assert result.returncode == 2 and "No space left on device" in result.stderr, result.stderr
+    assert "nothing was published" in result.stderr and "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "docs"]  # no index, no leftover

@@ -295,7 +295,11 @@ def write_index(
     settings' ``graph.shard_nodes`` asks (``node_chunk``: each node's chunk, to cut shards between chunks).
     ``graph``: the kNN graph, or what writes it from the shards once their embeddings are written."""
     shard_nodes = manifest["settings"]["graph"].get("shard_nodes")
-    writer = IndexWriter(out, plan_shards(np.asarray(node_chunk), manifest["counts"]["chunks"], shard_nodes))
+    shards = plan_shards(np.asarray(node_chunk), manifest["counts"]["chunks"], shard_nodes)
+    try:
+        writer = IndexWriter(out, shards)
+    except OSError as exc:
+        raise _write_failure(out, exc) from exc
     try:
         with stage(summary, "write"):
             for name in ("nodes", "chunks", "pairs"):  # pairs before the pair embeddings: it sets their ranges
@@ -307,9 +311,19 @@ def write_index(
             else:
                 graph(writer)
         writer.commit(manifest)  # stage_seconds is summary.seconds itself: the write time is in it
+    except OSError as exc:  # a full disk, a lost mount: one line, and the previous version stays live
+        writer.abort()
+        raise _write_failure(out, exc) from exc
     except BaseException:
         writer.abort()
         raise
+
+
+def _write_failure(out: Path, exc: OSError) -> QCGError:
+    return QCGError(
+        f"cannot write the index at {out} ({exc.strerror or exc}); nothing was published"
+        + ("; the previous version is still live" if (out / "manifest.json").exists() else "")
+    )
 
 
 def package_versions() -> dict:
