@@ -284,3 +284,15 @@ def test_shard_by_shard_knn_equals_the_one_process_graph(whole_and_sharded, tmp_
     writer.abort()
     assert np.array_equal(np.concatenate([r[1] for r in rows]), want.indices)
     assert np.array_equal(np.concatenate([r[2] for r in rows]), want.scores)
+
+
+def test_an_index_derived_in_memory_is_not_taken_for_its_shards(whole_and_sharded):
+    """qcg eval's ablations derive indexes in this process: on Ray they go whole to the workers, never
+    to owners that would load the original index's shard files."""
+    from qcg_gpu.eval.variants import derive_index
+    from qcg_gpu.retrieval.search import ray_mode
+
+    _, sharded = whole_and_sharded
+    derived = derive_index(QCGIndex.load(sharded), knn_k=3)
+    assert derived.shards == [] and ray_mode("shards", derived.manifest) == "queries"
+    assert ray_mode("auto", read_manifest(sharded)) == "shards"

@@ -50,6 +50,7 @@ def derive_index(
     settings["nodes"].update(alpha=alpha, nodes=nodes)
     settings["graph"]["knn_k"] = knn_k
     manifest = {**index.manifest, "settings": settings, "derived_from": str(index.path)}
+    manifest.pop("shards", None)  # it lives in this process: no worker could load it from shard files
     if max_pairs is not None and nodes != "sentence":
         manifest["first_pairs"] = max_pairs  # each chunk's first max_pairs valid pairs, before Doc2Query--
     variant = QCGIndex(

@@ -77,6 +77,8 @@ def make_backend(index: QCGIndex, config: RetrievalConfig, cluster=None) -> Back
 def ray_mode(mode: str, manifest: dict) -> str:
     """How retrieval on Ray splits the work over an index (``RayConfig.ray_mode``): shards or queries."""
     sharded = len(index_shards(manifest)) > 1
+    if "derived_from" in manifest:  # an ablation's index, made in this process: the workers get it whole
+        return "queries"
     if mode == "shards" and not sharded:
         raise QCGError("--ray-mode shards needs an index stored as several shards (build it with --shard-nodes N)")
     return "shards" if mode == "shards" or (mode == "auto" and sharded) else "queries"
