@@ -506,11 +506,14 @@ def load_array(
     shards = index_shards(layout) if layout else []
     if shards:
         parts = [load_shard_array(index, layout, shard, name, mmap, verify) for shard in shards]  # type: ignore[arg-type]
-        if name == "knn_indptr":  # each shard's indptr starts at 0
-            ends = np.cumsum([p[-1] for p in parts])
-            return np.concatenate([[0]] + [p[1:] + (end - p[-1]) for p, end in zip(parts, ends)]).astype(parts[0].dtype)
-        return np.concatenate(parts)
+        return join_indptr(parts) if name == "knn_indptr" else np.concatenate(parts)
     return _load_npy(index, f"{name}.npy", mmap, layout if verify else None)
+
+
+def join_indptr(parts: list[np.ndarray]) -> np.ndarray:
+    """Consecutive shards' CSR indptrs (each from 0) as the indptr of their rows together."""
+    offsets = np.cumsum([0] + [int(p[-1]) for p in parts])
+    return np.concatenate([[0]] + [p[1:] + offset for p, offset in zip(parts, offsets)]).astype(parts[0].dtype)
 
 
 def load_shard_array(

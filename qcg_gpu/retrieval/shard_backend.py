@@ -27,7 +27,15 @@ import numpy as np
 
 from ..config import RetrievalConfig
 from ..errors import QCGError
-from ..index_format import Shard, data_dir, index_shards, load_shard_array, load_shard_table, read_shard_rows
+from ..index_format import (
+    Shard,
+    data_dir,
+    index_shards,
+    join_indptr,
+    load_shard_array,
+    load_shard_table,
+    read_shard_rows,
+)
 from .index import QCGIndex
 from .result import RetrievalResult
 
@@ -58,7 +66,8 @@ class ShardOwner:
         def array(name: str) -> list[np.ndarray]:
             return [load_shard_array(data, manifest, s, name, mmap=False, verify=verify) for s in shards]
 
-        self.indptr, self.indices = _join_rows(array("knn_indptr"), array("knn_indices"))
+        self.indptr = join_indptr(array("knn_indptr")).astype(np.int64)
+        self.indices = np.concatenate(array("knn_indices")).astype(np.int64)
         emb = read_shard_rows(data, manifest, shards, "node_embeddings", verify).astype(np.float32, copy=False)
         node_chunk = np.concatenate(
             [load_shard_table(data, manifest, s, "nodes", verify).column("chunk_id").to_numpy() for s in shards]
@@ -151,11 +160,7 @@ class ShardedBackend:
         return results
 
     def _seeds(self, queries: np.ndarray, config: RetrievalConfig) -> tuple[np.ndarray, np.ndarray]:
-        parts = self._gather("seeds", lambda i: (queries, config, self.prefilter))
-        ids = np.concatenate([p[0] for p in parts], axis=1)
-        sims = np.concatenate([p[1] for p in parts], axis=1)
-        order = np.lexsort((ids, -sims), axis=-1)[:, : config.n]  # sim desc, id asc; padding (-inf) last
-        return np.take_along_axis(ids, order, 1), np.take_along_axis(sims, order, 1)
+        return _best_of(self._gather("seeds", lambda i: (queries, config, self.prefilter)), config.n)
 
     def _rows(self, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         cuts = np.searchsorted(wanted, self.bounds[1:-1])
@@ -173,11 +178,7 @@ class ShardedBackend:
             counts = np.bincount(query_of[mine], minlength=len(ptr) - 1)
             return queries, np.concatenate([[0], np.cumsum(counts)]), selected[mine], top_k
 
-        parts = self._gather("rank", args)
-        chunks = np.concatenate([p[0] for p in parts], axis=1)
-        scores = np.concatenate([p[1] for p in parts], axis=1)
-        order = np.lexsort((np.where(chunks >= 0, chunks, np.iinfo(np.int64).max), -scores), axis=-1)[:, :top_k]
-        return np.take_along_axis(chunks, order, 1), np.take_along_axis(scores, order, 1)
+        return _best_of(self._gather("rank", args), top_k)
 
 
 def local_owners(index_path, manifest: dict, owners: int, verify: bool = True) -> ShardedBackend:
@@ -261,11 +262,13 @@ def _nbytes(value) -> int:
     return 0
 
 
-def _join_rows(indptrs: list[np.ndarray], indices: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Consecutive shards' CSR rows (each indptr from 0) as one CSR."""
-    ends = np.cumsum([0] + [int(p[-1]) for p in indptrs])
-    indptr = np.concatenate([[0]] + [p[1:] + end for p, end in zip(indptrs, ends)]).astype(np.int64)
-    return indptr, np.concatenate(indices).astype(np.int64)
+def _best_of(parts: list, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The owners' ranked (ids, values) lists merged per row: the k best by value desc, then id asc
+    (padding, id -1 with value -inf, last)."""
+    ids = np.concatenate([p[0] for p in parts], axis=1)
+    values = np.concatenate([p[1] for p in parts], axis=1)
+    order = np.lexsort((np.where(ids >= 0, ids, np.iinfo(np.int64).max), -values), axis=-1)[:, :k]
+    return np.take_along_axis(ids, order, 1), np.take_along_axis(values, order, 1)
 
 
 @numba.njit(cache=True)
