@@ -133,6 +133,28 @@ def cpu_has_int8_simd() -> bool:
     return "avx2" in _cpuinfo()[1]
 
 
+@functools.cache
+def int8_node_code_max(dim: int) -> int:
+    """The largest |int8 code| the nodes may take for ``torch._int_mm`` sums to be exact at this
+    dimension: 127, or 63 where oneDNN has no VNNI (AVX2, AVX-512 before Cascade Lake), whose kernel
+    adds u8 x s8 products in pairs into int16 and saturates past 32,767: at most 2 x 255 x 63 = 32,130
+    with nodes of 7 bits (the query side becomes u8 by adding 128, so it keeps its 8 bits). 0 where
+    even that is not exact. Decided by a test GEMM at first use, on the codes that saturate first."""
+    import numpy as np
+
+    torch = require("torch")
+    for code_max in (127, 63):
+        query = np.full((16, dim), 127, np.int8)
+        query[8:, 1::2] = -127
+        nodes = np.full((40, dim), code_max, np.int8)
+        nodes[20:] *= -1
+        nodes[10:30, ::2] *= -1
+        got = torch._int_mm(torch.from_numpy(query), torch.from_numpy(nodes).T).numpy()
+        if np.array_equal(got, query.astype(np.int64) @ nodes.T.astype(np.int64)):
+            return code_max
+    return 0
+
+
 def cpu_kind() -> str:
     """The CPU as benchmarks name it: model, cores and the matrix extensions that decide their speed."""
     import os

@@ -340,11 +340,12 @@ def rounding_norms(queries, rounded):
 
 
 @numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
-def quantize_int8(x, scale):
-    """Rows of ``x`` times their ``scale``, rounded to int8 (|values| <= 127 by the caller's scale),
-    and the float64 norms |x|, |x^| and |x - x^| per row, x^ = int8 / scale: these rows' side of
-    ``qcg_gpu.retrieval.bounds.bound_from_norms``."""
+def quantize_int8(x, scale, code_max):
+    """Rows of ``x`` times their ``scale``, rounded to int8 codes (|codes| <= ``code_max`` by the
+    caller's scale; clamped against rounding up), and the float64 norms |x|, |x^| and |x - x^| per
+    row, x^ = codes / scale: these rows' side of ``qcg_gpu.retrieval.bounds.bound_from_norms``."""
     rows, dim = x.shape
+    limit = np.float64(code_max)
     out = np.empty((rows, dim), dtype=np.int8)
     x_norm, rounded_norm, residual_norm = np.empty(rows), np.empty(rows), np.empty(rows)
     for r in numba.prange(rows):
@@ -352,7 +353,7 @@ def quantize_int8(x, scale):
         xx = rr = dd = 0.0
         for d in range(dim):
             v = np.float64(x[r, d])
-            k = min(max(np.rint(v * s), -127.0), 127.0)
+            k = min(max(np.rint(v * s), -limit), limit)
             out[r, d] = np.int8(k)
             w = k / s
             xx += v * v

@@ -6,7 +6,8 @@ do not depend on the precision.
 - bf16 (numpy backend on AMX CPUs, torch backend on GPUs): vectors rounded to bf16, products
   summed in float32, the output rounded to bf16.
 - int8 (numpy backend on x86 CPUs without AMX): each query row scaled by its own
-  factor, every node by one shared factor, rounded to int8; the GEMM's int32 sums are exact, and
+  factor to codes of at most 127, every node by one shared factor to at most 127 (63 without VNNI),
+  rounded; the GEMM's int32 sums are exact, and
   the approximate similarity is that sum times 1 / (the two factors), in float32.
 
 Both bounds are |q.u - q~.u~| <= |q| |u - u~| + |q - q~| |u~| (q~, u~ the rounded vectors as
@@ -79,10 +80,11 @@ def bound_from_norms(q_norm, rounded_norm, residual_norm, node_norm: float, node
     return bound + gemm * roundoff + 1e-6
 
 
-def int8_node_scale(nodes: np.ndarray) -> float:
-    """The factor shared by every node: 127 / the largest |component| (in blocks: a memory map)."""
+def int8_node_scale(nodes: np.ndarray, code_max: int) -> float:
+    """The factor shared by every node: ``code_max`` (127, or 63 where the CPU's int8 GEMM saturates:
+    ``capabilities.int8_node_code_max``) / the largest |component| (in blocks: a memory map)."""
     peak = max((float(np.abs(nodes[s : s + 65536]).max()) for s in range(0, len(nodes), 65536)), default=0.0)
-    return INT8_MAX / peak if peak > 0 else 1.0
+    return code_max / peak if peak > 0 else 1.0
 
 
 def int8_row_scales(rows: np.ndarray) -> np.ndarray:

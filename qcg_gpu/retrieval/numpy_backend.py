@@ -14,9 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from ..capabilities import WITH_TORCH, ieee_float32_matmul, require
+from ..capabilities import WITH_TORCH, ieee_float32_matmul, int8_node_code_max, require
 from ..config import RetrievalConfig
+from ..errors import QCGError
 from .bounds import (
+    INT8_MAX,
     INT8_OUTPUT_ROUNDOFF,
     bf16_rounding,
     bf16_roundoff,
@@ -252,8 +254,9 @@ class Bf16Prefilter(Prefilter):
 
 
 class Int8Prefilter(Prefilter):
-    """int8 GEMM (oneDNN through ``torch._int_mm``), exact int32 sums; its speed against float32 with VNNI
-    and with AVX2 alone: benchmarks/RESULTS.md, *Retrieval throughput* (``benchmarks/bench_gemm.py``)."""
+    """int8 GEMM (oneDNN through ``torch._int_mm``), exact int32 sums: node codes of 7 bits where the
+    CPU lacks VNNI (``capabilities.int8_node_code_max``). Its speed against float32 with VNNI and with
+    AVX2 alone: benchmarks/RESULTS.md, *Retrieval throughput* (``benchmarks/bench_gemm.py``)."""
 
     def __init__(self, index: QCGIndex, graph: tuple | None = None):
         super().__init__(index, graph)
@@ -261,12 +264,16 @@ class Int8Prefilter(Prefilter):
         nodes = index.node_embeddings
         self.output_dtype = self.key_dtype = torch.int32  # exact integer dot products as keys
         self.spare = 1024  # its bound is ~2.5x bf16's, so ~2.5x as many candidates are within it
-        self.node_scale = int8_node_scale(nodes)
+        self.code_max = int8_node_code_max(nodes.shape[1])
+        if not self.code_max:
+            raise QCGError("this CPU's int8 GEMM (torch._int_mm) does not sum exactly; use --prefilter off")
+        self.node_scale = int8_node_scale(nodes, self.code_max)
         self.nodes_low = torch.empty(nodes.shape, dtype=torch.int8)
         norms, residuals = [0.0], [0.0]
         for start in range(0, len(nodes), 65536):  # in blocks: nodes may be a read-only memory map
             block = np.asarray(nodes[start : start + 65536], np.float32)
-            rounded, norm, _, residual = self.kernels.quantize_int8(block, np.full(len(block), self.node_scale))
+            scale = np.full(len(block), self.node_scale)
+            rounded, norm, _, residual = self.kernels.quantize_int8(block, scale, float(self.code_max))
             self.nodes_low[start : start + len(block)] = torch.from_numpy(rounded)
             norms.append(norm.max())
             residuals.append(residual.max())
@@ -274,7 +281,7 @@ class Int8Prefilter(Prefilter):
 
     def round_tile(self, tile: np.ndarray):
         scale = int8_row_scales(tile)
-        tile_int8, q_norm, rounded_norm, residual_norm = self.kernels.quantize_int8(tile, scale)
+        tile_int8, q_norm, rounded_norm, residual_norm = self.kernels.quantize_int8(tile, scale, INT8_MAX)
         eps = bound_from_norms(
             q_norm, rounded_norm, residual_norm, self.node_norm, self.node_residual, INT8_OUTPUT_ROUNDOFF
         )

@@ -1,0 +1,55 @@
+"""Run in a subprocess by tests/test_cpu_kinds.py, under an instruction-set cap that must be set
+before torch loads: prints, as JSON, this process's int8 node codes and, per prefilter, how many of
+the queries got other seeds or seed similarities than the float64 path (METHOD.md's selection)."""
+
+import json
+
+import numpy as np
+
+from qcg_gpu.capabilities import int8_node_code_max
+from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever, seed_threshold
+
+GAMMA, N = 1.1, 10
+
+
+def evenly_spread(rng, rows: int, dim: int) -> np.ndarray:
+    """Unit vectors of uniform components: many components near the largest, so int8 codes near
+    their limit meet in pairs, which is where a saturating int8 GEMM goes wrong."""
+    x = rng.uniform(-1, 1, (rows, dim))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def float64_seeds(nodes: np.ndarray, queries: np.ndarray) -> list[tuple[list[int], list[float]]]:
+    sims = queries.astype(np.float64) @ nodes.astype(np.float64).T
+    threshold = float(seed_threshold(GAMMA))
+    out = []
+    for row in sims:
+        ids = np.flatnonzero(row >= threshold)
+        ids = ids[np.lexsort((ids, -row[ids]))][:N]
+        out.append((ids.tolist(), row[ids].astype(np.float32).tolist()))  # seed_sims are float32
+    return out
+
+
+def main() -> None:
+    rng = np.random.default_rng(3)
+    nodes = evenly_spread(rng, 6000, 384)
+    queries = nodes[rng.integers(0, len(nodes), 500)] + 0.04 * evenly_spread(rng, 500, 384)
+    queries = (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
+    empty = np.zeros(len(nodes) + 1, np.int64), np.zeros(0, np.int64)
+    index = QCGIndex(None, {}, nodes, *empty, np.arange(len(nodes)) // 16, (len(nodes) + 15) // 16)
+    want = float64_seeds(nodes, queries)
+    report: dict = {"int8_node_code_max": int8_node_code_max(nodes.shape[1])}
+    for prefilter in ("int8", "bf16"):
+        config = RetrievalConfig(gamma=GAMMA, n=N, hops=0, top_k=5, backend="numpy", prefilter=prefilter)
+        result = Retriever(index, config).search(queries)
+        got = [
+            ([s for s in ids.tolist() if s >= 0], sims[: (ids >= 0).sum()].tolist())
+            for ids, sims in zip(result.seed_ids, result.seed_sims)
+        ]
+        report[prefilter] = sum(g != w for g, w in zip(got, want))
+    report["seeds_per_query"] = float(np.mean([len(ids) for ids, _ in want]))
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
