@@ -7,7 +7,7 @@ alternating so both see the same machine:
 
 - ``async``: vLLM's default, each request's JSON grammar compiled on a thread pool; a request joins
   an engine step only once its grammar is ready, so which requests share a step depends on timing;
-- ``in_step``: grammars compiled as requests arrive (``qcg_gpu.llm.backends.compile_grammars_in_step``,
+- ``in_step``: grammars compiled as requests arrive (``qcg_gpu.llm.vllm_compat.compile_grammars_in_step``,
   what qcg does), so the same requests give the same steps.
 
 Before every run the engine's prefix cache is emptied, so each run starts as a fresh process would.

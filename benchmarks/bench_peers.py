@@ -44,7 +44,7 @@ from qcg_gpu.capabilities import cpu_kind, with_cuda
 from qcg_gpu.config import GenerationConfig
 from qcg_gpu.embedding import Embedder
 from qcg_gpu.index_format import read_manifest
-from qcg_gpu.llm.backends import model_context_length, whole_prefills
+from qcg_gpu.llm.vllm_compat import model_context_length, whole_prefills
 from qcg_gpu.models import DEFAULT_LLM, install, packaged_llm, resolve_model
 
 HERE = Path(__file__).resolve().parent

@@ -144,8 +144,9 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def check_writable(out: Path, overwrite: bool) -> None:
-    """Fail before any work is done if the index could not be written at the end."""
+def check_writable(out: Path, overwrite: bool) -> str | None:
+    """Fail before any work is done if the index could not be written at the end. Returns the live
+    version it would replace (None: a new index), for :class:`IndexWriter`'s ``replaces``."""
     if out.exists() and not overwrite:
         raise QCGError(f"{out} already exists; pass --overwrite to replace it")
     if out.exists() and not (out / MANIFEST).exists():
@@ -156,6 +157,10 @@ def check_writable(out: Path, overwrite: bool) -> None:
             pass
     except OSError as exc:
         raise QCGError(f"cannot write the index at {out}: {exc.strerror or exc}") from exc
+    return _data_dir_name(out)
+
+
+ANY_VERSION = "any"  # IndexWriter(replaces=...): publish over whatever is live (its caller holds update_lock)
 
 
 _held_locks: dict[tuple[str, int], int] = {}  # (index, thread) -> depth: update_lock is re-entrant per thread
@@ -202,10 +207,11 @@ def _being_written(version: Path) -> bool:
 class IndexWriter:
     """Writes the files of a new index version; :meth:`commit` publishes them, :meth:`abort` drops them."""
 
-    def __init__(self, out: str | Path, shards: list[Shard] | None = None):
+    def __init__(self, out: str | Path, shards: list[Shard] | None = None, replaces: str | None = ANY_VERSION):
         """``shards`` (:func:`plan_shards`): store the files split into these node shards; None or one
-        shard: whole, as format 2."""
-        self.out = Path(out)
+        shard: whole, as format 2. ``replaces``: the live version when the work began (None: no index
+        yet; :func:`check_writable`); if another writer published since, :meth:`commit` refuses."""
+        self.out, self.replaces = Path(out), replaces
         self.shards = shards if shards and len(shards) > 1 else None
         self.version = f"v-{uuid.uuid4().hex[:12]}"
         # replacing: the new version goes next to the live one; new: the whole index is assembled aside
@@ -308,8 +314,21 @@ class IndexWriter:
     def commit(self, manifest: dict) -> Path:
         if self.root == self.out:  # replacing a live index: not in the middle of another writer's update
             with update_lock(self.out):
+                self._check_unchanged()
                 return self._publish(manifest)
         return self._publish(manifest)
+
+    def _check_unchanged(self) -> None:
+        """Refuse to publish over a version another writer published while this one worked (an index add
+        during a rebuild): its work would be dropped without a word."""
+        live = _data_dir_name(self.out)
+        if self.replaces != ANY_VERSION and live != self.replaces:
+            self.abort()
+            raise QCGError(
+                f"{self.out} changed while this build ran: another writer published {live} over "
+                f"{self.replaces or 'nothing'} (an index add, remove or build); nothing was published, so that "
+                "writer's work stays live. Run again (generated replies are cached)"
+            )
 
     def _publish(self, manifest: dict) -> Path:
         manifest = {"format_version": FORMAT_VERSION, **manifest, "data_dir": self.version, "files": self.files}
@@ -326,7 +345,16 @@ class IndexWriter:
             os.fsync(fh.fileno())
         os.replace(staged, self.root / MANIFEST)  # the publishing step: one atomic rename
         if self.root != self.out:
-            os.replace(self.root, self.out)
+            try:
+                os.replace(self.root, self.out)
+            except OSError as exc:  # another build made OUT since this one began
+                if not (self.out / MANIFEST).exists():
+                    raise
+                self.abort()
+                raise QCGError(
+                    f"{self.out} was created by another build while this one ran; nothing was published, so "
+                    "that build's index stays. Pass --overwrite to replace it"
+                ) from exc
             for leftover in self.out.parent.glob(f".{self.out.name}.tmp-v-*"):  # of runs killed before publishing
                 if not _being_written(leftover / leftover.name.split(".tmp-")[-1]):
                     shutil.rmtree(leftover, ignore_errors=True)

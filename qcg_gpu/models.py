@@ -165,7 +165,32 @@ def resolve_model(name: str | None, default: str) -> tuple[str, str]:
         return str(expanded.resolve()), name
     if name.startswith(("/", ".", "~")) or os.sep + os.sep in name or name.count("/") > 1:
         raise QCGError(f"model path does not exist: {name}")
+    check_hub_name(name)
     return name, name  # a hub name: loads from the local HF cache (or the hub, where reachable)
+
+
+def check_hub_name(name: str) -> None:
+    """Refuse, in one line and within seconds, a model hub name that is neither in the local HF cache
+    nor reachable: transformers would retry the hub for a minute or more before failing."""
+    import urllib.error
+    import urllib.request
+
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return
+    what = f"model {name!r} is not a packaged model, a local path or in the HF cache"
+    if constants.HF_HUB_OFFLINE:
+        raise QCGError(f"{what} (HF_HUB_OFFLINE is set); see `qcg models list`")
+    url = f"{constants.ENDPOINT}/api/models/{name}"
+    try:
+        urllib.request.urlopen(url, timeout=5).close()
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 404):
+            raise QCGError(f"{what}, and {constants.ENDPOINT} has no such model (HTTP {exc.code})") from None
+    except OSError as exc:  # no route, no DNS, a timeout
+        reason = getattr(exc, "reason", exc)
+        raise QCGError(f"{what}, and {constants.ENDPOINT} cannot be reached ({reason})") from None
 
 
 def bundled_embedder_dir() -> Path:

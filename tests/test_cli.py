@@ -281,3 +281,13 @@ def test_write_failures_end_in_one_line_and_publish_nothing(tmp_path, cli, monke
     assert result.returncode == 2 and "No space left on device" in result.stderr, result.stderr
     assert "nothing was published" in result.stderr and "Traceback" not in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "docs"]  # no index, no leftover
+
+
+@pytest.mark.parametrize("option", ["--embedder", "--tokenizer"])
+def test_a_model_name_that_is_nowhere_is_refused_before_any_work(tmp_path, cli, option):
+    # neither packaged, a local path, nor in the HF cache, and no hub to ask (or none that has it):
+    # one line at once, instead of transformers retrying the hub for a minute after the LLM's work
+    result = cli("index", "build", tmp_path, tmp_path / "out", "--nodes", "sentence", option, "no-such-org/no-model")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "model 'no-such-org/no-model' is not a packaged model, a local path or in the HF cache" in result.stderr
+    assert not (tmp_path / "out").exists()

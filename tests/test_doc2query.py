@@ -135,7 +135,8 @@ def test_compact_json_needs_vllm():
 
 def test_engine_settings_pass_through_to_vllm(tmp_path):
     from qcg_gpu.capabilities import with_cuda
-    from qcg_gpu.llm.backends import CPU_MAX_MODEL_LEN, engine_settings
+    from qcg_gpu.llm.backends import engine_settings
+    from qcg_gpu.llm.vllm_compat import CPU_MAX_MODEL_LEN
 
     (tmp_path / "config.json").write_text('{"max_position_embeddings": 32768}')
     config = GenerationConfig(
@@ -157,6 +158,33 @@ def test_engine_settings_pass_through_to_vllm(tmp_path):
     key = cache_key("text", "model", GenerationConfig())
     assert cache_key("text", "model", GenerationConfig(kv_cache_dtype="fp8")) != key
     assert cache_key("text", "model", GenerationConfig(max_num_seqs=8, tensor_parallel_size=2)) == key
+
+
+def test_the_manifest_states_what_the_engine_applied_not_what_was_asked():
+    """A vLLM engine whose grammars could not be compiled in step (its core in another process, or a
+    vLLM without the switch) records the thread pool and why, never "the same engine steps"."""
+    from types import SimpleNamespace
+
+    from qcg_gpu.llm.backends import vllm_reproducibility
+    from qcg_gpu.llm.vllm_compat import compile_grammars_in_step
+
+    other_process = SimpleNamespace(llm_engine=SimpleNamespace(engine_core=SimpleNamespace()))  # an MP client
+    renamed = SimpleNamespace(structured_output_manager=SimpleNamespace())  # a vLLM without the private switch
+    in_process = SimpleNamespace(structured_output_manager=SimpleNamespace(_use_async_grammar_compilation=True))
+    engine = SimpleNamespace(llm_engine=SimpleNamespace(engine_core=SimpleNamespace(engine_core=in_process)))
+    assert "another process" in compile_grammars_in_step(other_process)
+    assert "no StructuredOutputManager" in compile_grammars_in_step(
+        SimpleNamespace(llm_engine=SimpleNamespace(engine_core=SimpleNamespace(engine_core=renamed)))
+    )
+    assert (
+        compile_grammars_in_step(engine) is None
+        and not in_process.structured_output_manager._use_async_grammar_compilation
+    )
+    for reason in (compile_grammars_in_step(other_process), "this vLLM has no switch"):
+        statement = vllm_reproducibility(on_gpu=False, grammars_not_in_step=reason)
+        assert "thread pool" in statement and reason in statement and "same engine steps" not in statement
+    assert "same engine steps" in vllm_reproducibility(on_gpu=False, grammars_not_in_step=None)
+    assert "own process" in vllm_reproducibility(on_gpu=True, grammars_not_in_step=None)
 
 
 @pytest.mark.parametrize(

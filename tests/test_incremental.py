@@ -73,6 +73,8 @@ def test_sentence_nodes_add_and_remove_equal_rebuilds(tmp_path, embedder):
     assert_same_index(tmp_path / "grown", tmp_path / "rest_index")
     history = read_manifest(tmp_path / "grown")["history"]
     assert [h["op"] for h in history] == ["add", "remove"]
+    total = read_manifest(tmp_path / "full")["counts"]["chunks"]
+    assert history[0]["chunk_ids"] == [total - history[0]["chunks"], total]  # the chunks the add made together
 
 
 @pytest.mark.llm
@@ -83,6 +85,8 @@ def test_pair_nodes_add_generates_only_new_chunks_and_equals_a_rebuild(tmp_path,
     llm = Recording(vllm_backend)
     summary = add_documents(tmp_path / "grown", new, config, llm=llm, embedder=embedder)
     assert llm.asked == [summary.chunks] and summary.generated_chunks == summary.chunks > 0
+    added = read_manifest(tmp_path / "grown")["history"][-1]
+    assert "given by the caller (Recording)" in added["llm_reproducibility"]  # what generated the add's replies
     build_index(every, tmp_path / "full", config, llm=vllm_backend, embedder=embedder)  # from the cache
     assert_same_index(tmp_path / "grown", tmp_path / "full")
 
@@ -206,3 +210,52 @@ def test_updates_equal_rebuilds_bit_for_bit_on_chat_logs_full_of_near_ties(tmp_p
     build_index(every, tmp_path / "rest", config, embedder=embedder)
     for name in ("node_embeddings", "knn_indices", "knn_scores"):
         np.testing.assert_array_equal(load_array(tmp_path / "grown", name), load_array(tmp_path / "rest", name), name)
+
+
+class _AddsWhileEmbedding(Embedder):
+    """The real embedder, and once, while the rebuild embeds, another writer's add to the same index:
+    a concurrency a person would hit by running qcg index add during qcg index build --overwrite."""
+
+    def __init__(self, embedder, index, new, config):
+        self.__dict__.update(embedder.__dict__)
+        self.add = lambda: add_documents(index, new, config, embedder=embedder)
+
+    def encode(self, texts, *args, **kwargs):
+        if self.add:
+            add, self.add = self.add, None
+            add()
+        return super().encode(texts, *args, **kwargs)
+
+
+def test_a_rebuild_does_not_publish_over_an_add_that_finished_while_it_ran(tmp_path, embedder):
+    old, new, _ = _split_docs(tmp_path, 2, 1)
+    config = _config(tmp_path, nodes="sentence")
+    build_index(old, tmp_path / "index", config, embedder=embedder)
+    racing = _AddsWhileEmbedding(embedder, tmp_path / "index", new, config)
+    with pytest.raises(QCGError, match="changed while this build ran: another writer published v-"):
+        build_index(old, tmp_path / "index", config, overwrite=True, embedder=racing)
+    manifest = read_manifest(tmp_path / "index")
+    assert [h["op"] for h in manifest["history"]] == ["add"] and manifest["counts"]["documents"] == 3  # not lost
+    versions = [p.name for p in (tmp_path / "index").iterdir() if p.name.startswith("v-")]
+    assert len(versions) == 2 and manifest["data_dir"] in versions  # the build's, the add's; the refused one gone
+
+
+def test_two_builds_of_one_new_index_end_in_one_clear_line(tmp_path, embedder):
+    docs = sample_docs(tmp_path / "docs", 2)
+    config = _config(tmp_path, nodes="sentence")
+
+    class BuildsWhileEmbedding(Embedder):  # the other build finishes while this one embeds
+        def __init__(self):
+            self.__dict__.update(embedder.__dict__)
+            self.other = lambda: build_index(docs, tmp_path / "index", config, embedder=embedder)
+
+        def encode(self, texts, *args, **kwargs):
+            if self.other:
+                other, self.other = self.other, None
+                other()
+            return super().encode(texts, *args, **kwargs)
+
+    with pytest.raises(QCGError, match="changed while this build ran: another writer published v-.* over nothing"):
+        build_index(docs, tmp_path / "index", config, embedder=BuildsWhileEmbedding())
+    assert read_manifest(tmp_path / "index")["counts"]["documents"] == 2  # the other build's index, whole
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".index")] == []  # nothing left aside

@@ -130,6 +130,8 @@ def test_rerun_hits_the_cache_and_rebuilds_identically(built, tmp_path, few_docs
     llm = Recording(vllm_backend)
     again = build_index(few_docs, tmp_path / "idx2", _config(tmp_path), llm=llm, embedder=embedder)
     assert llm.asked == [] and again.generated_chunks == 0 and again.cached_chunks == 4
+    statement = read_manifest(tmp_path / "idx2")["models"]["llm_reproducibility"]
+    assert statement.startswith("no reply was generated in this run")  # the engine's promise is not this run's
     assert load_table(tmp_path / "idx2", "pairs").equals(load_table(index, "pairs"))
     np.testing.assert_array_equal(load_array(tmp_path / "idx2", "knn_indices"), load_array(index, "knn_indices"))
     assert again.output_tokens == first.output_tokens  # token counts are remembered with the replies
@@ -140,7 +142,7 @@ def test_fresh_caches_give_the_same_pairs_run_after_run(tmp_path, few_docs, vllm
     the same pairs every time. Per-request seeds make the other requests irrelevant to the sampling,
     and grammars compiled as requests arrive make the engine's steps (so its kernels' batch shapes) the
     same: with vLLM's thread-pool compilation two such builds differed in 3 of 6 chunks on an AMD Zen 4."""
-    assert vllm_backend.deterministic_schedule
+    assert vllm_backend.grammars_not_in_step is None  # applied, so the manifest may promise the same steps
     tables = []
     for run in ("first", "second", "third"):
         vllm_backend.llm.reset_prefix_cache()

@@ -200,3 +200,9 @@ def test_a_json_queries_file_is_read_as_json(small_index, tmp_path, cli):
     (tmp_path / "bad.json").write_text('{"1": {"answer": "no question"}}')
     result = cli("query", small_index, "--queries", tmp_path / "bad.json")
     assert result.returncode == 2 and "query 1: needs a non-empty 'query'" in result.stderr
+
+
+def test_an_empty_embeddings_array_is_refused_like_an_empty_queries_file(small_index, tmp_path, cli):
+    np.save(tmp_path / "none.npy", np.zeros((0, 384), np.float32))
+    result = cli("query", small_index, "--embeddings", tmp_path / "none.npy")
+    assert result.returncode == 2 and "no queries in" in result.stderr and "shape (0, 384)" in result.stderr

@@ -136,8 +136,8 @@ def test_tiny_indexes(backend):
         index = QCGIndex(None, {}, x, graph.indptr, graph.indices, np.zeros(n_nodes, np.int64), 1)
         config = RetrievalConfig(gamma=1.0, n=5, hops=2, top_k=3, **backend)
         result = Retriever(index, config).search(x[:1])
-        assert result.chunk_ids[0].tolist() == [0, -1, -1]
-        assert result.n_selected[0] == n_nodes
+        assert result.chunk_ids[0].tolist() == [0]  # a column per chunk the index has, at most top_k
+        assert result.seed_ids.shape == (1, n_nodes) and result.n_selected[0] == n_nodes
 
 
 PREFILTERS = BACKENDS  # every precision is a prefilter, float32 ("off") included
@@ -457,3 +457,17 @@ def test_trace_matches_a_plain_python_walk():
         scores = [c["score"] for c in trace["chunks"]]
         assert scores == sorted(scores, reverse=True)
         assert [c["chunk_id"] for c in trace["chunks"][: config.top_k]] == [c for c in result.chunk_ids[b] if c >= 0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_n_and_top_k_beyond_the_index_give_what_the_index_has(backend):
+    # --n 99999999999 once asked numpy for 2 TiB of seed columns: the result has a column per node
+    # and per chunk the index holds, and the same answers as n and top_k at those counts
+    index = random_index(4, 300, 16, 3, n_chunks=40)
+    queries = queries_for(index, 4, 5)
+    beyond = RetrievalConfig(**backend, gamma=0.5, n=99_999_999_999, top_k=1_000_000_000)
+    huge = Retriever(index, beyond).search(queries)
+    exact = Retriever(index, RetrievalConfig(**backend, gamma=0.5, n=300, top_k=40)).search(queries)
+    assert huge.seed_ids.shape == (5, 300) and huge.chunk_ids.shape == (5, 40)
+    for name in ("chunk_ids", "seed_ids", "n_selected"):
+        np.testing.assert_array_equal(getattr(huge, name), getattr(exact, name))

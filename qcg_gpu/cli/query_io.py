@@ -113,9 +113,12 @@ def _json_queries(path: Path, content: str) -> tuple[list[str], list[str]]:
 
 def load_query_embeddings(path: str | Path) -> np.ndarray:
     try:
-        return np.load(path, allow_pickle=False)
+        embeddings = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise QCGError(f"cannot read query embeddings {path}: {exc}") from exc
+    if embeddings.size == 0:  # as an empty queries file: no query is an error, not an empty output
+        raise QCGError(f"no queries in {path} (an array of shape {embeddings.shape})")
+    return embeddings
 
 
 def describe(

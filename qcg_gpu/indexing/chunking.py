@@ -47,6 +47,10 @@ class HFTokenizer:
     def __init__(self, name: str):
         from transformers import AutoTokenizer
 
+        from ..models import check_hub_name
+
+        if not Path(name).expanduser().exists():
+            check_hub_name(name)
         try:
             self._tok = AutoTokenizer.from_pretrained(name)
         except Exception as exc:

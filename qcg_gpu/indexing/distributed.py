@@ -38,7 +38,16 @@ from ..config import GenerationConfig, NodeConfig
 from ..embedding import Windows, encode_whole, shape_batches, token_counts
 from ..errors import QCGError
 from ..index_format import IndexWriter
-from ..llm.backends import Completion, LLMBackend, SamplingSpec, collect, engine_settings, llm_name, request_seed
+from ..llm.backends import (
+    REPLAY,
+    Completion,
+    LLMBackend,
+    SamplingSpec,
+    collect,
+    engine_settings,
+    llm_name,
+    request_seed,
+)
 from ..log import engine_log_level, progress_bar, quiet
 from ..models import DEFAULT_EMBEDDER, DEFAULT_LLM, resolve_model
 from .knn import KnnGraph, degree, exact_rows, shard_rows
@@ -109,6 +118,9 @@ class _LLMWorker:
         quiet()  # the driver shows the progress; one bar per engine would bury it
         self.llm = make_backend(GenerationConfig(**generation))
 
+    def reproducibility(self) -> str:
+        return self.llm.reproducibility()
+
     def stream(self, rows: list[int], conversations: list, sampling: SamplingSpec, window: int):
         """(rows, completions) as requests finish: the engine keeps ``window`` requests in flight and
         takes the next as each one finishes, so it never drains until its share is done."""
@@ -129,6 +141,15 @@ class RayLLM(LLMBackend):
         self.model_name = llm_name(config)
         self.group = config.tensor_parallel_size * config.pipeline_parallel_size
         self.multi_gpu = bool(cluster.gpus) and self.group > 1  # each engine spans a group of GPUs
+        self.engine_statements: list[str] = []  # each engine's own promise, once it has answered
+
+    def reproducibility(self) -> str:
+        engines = len(self.engine_statements)
+        each = "; ".join(sorted(set(self.engine_statements))) or "no engine has answered yet"
+        return (
+            f"{engines} vLLM engine(s) on Ray, each given every {engines}th conversation of a generation run, so a "
+            f"reply depends on the engine count too; each engine: {each}"
+        )
 
     @property
     def workers(self) -> int:
@@ -170,6 +191,7 @@ class RayLLM(LLMBackend):
         """Each engine actor's share in one streaming call; its replies as they come back."""
         ray = self.cluster.ray
         engines = self._engines(min(self.workers, len(conversations)))
+        self.engine_statements = ray.get([engine.reproducibility.remote() for engine in engines])
         shares = [list(range(i, len(conversations), len(engines))) for i in range(len(engines))]
         streams = [
             engine.stream.options(num_returns="streaming").remote(
@@ -197,6 +219,13 @@ class RayDataLLM(RayLLM):
     def __init__(self, config: GenerationConfig, cluster: RayCluster):
         super().__init__(config, cluster)
         self.path = resolve_model(config.model, DEFAULT_LLM)[0]
+
+    def reproducibility(self) -> str:
+        return (
+            "per-request seeds on ray.data.llm's vLLM engines (--ray-llm data): each keeps several batches in "
+            "flight in an engine core of its own, so which requests share a step depends on timing, and two "
+            f"identical runs can differ where two tokens are almost equally likely; {REPLAY}"
+        )
 
     def processor(self, engines: int, batch_size: int):
         llm = require("ray.data.llm")

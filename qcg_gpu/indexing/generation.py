@@ -98,6 +98,7 @@ class Doc2QueryRun:
         for i in missing:  # a backend that ends without reporting a request: that chunk failed (retryable)
             if keys[i] not in batch.replies:
                 batch.failed.setdefault(keys[i], NOT_REPORTED)
+        summary.llm_reproducibility = self.llm.reproducibility()  # what the backend that ran applied
 
     def _parse(self, batch: ChunkReplies, first_chunk: int) -> Pairs:
         """The valid pairs of every chunk that has a reply; failed and empty chunks noted in the summary."""

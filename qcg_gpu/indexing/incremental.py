@@ -35,6 +35,7 @@ from .stages import (
     Pairs,
     embed_and_select,
     index_tables,
+    llm_reproducibility,
     load_embedder,
     package_versions,
     read_chunks,
@@ -111,7 +112,12 @@ def add_documents(
                 f"{len(clash)} documents are in the index already (remove them first to replace them): {clash[:5]}"
             )
         updated = _with_chunks(stored, chunks, config, summary, llm, embedder, cluster)
-        _publish(index, updated, summary, {"op": "add", "documents": summary.documents, "chunks": len(chunks)})
+        first = int(stored.manifest["counts"]["chunks"])
+        change = {"op": "add", "documents": summary.documents, "chunks": len(chunks)}
+        change["chunk_ids"] = [first, first + len(chunks)]  # generated beside each other, not beside the rest
+        if config.nodes.nodes != "sentence":
+            change["llm_reproducibility"] = llm_reproducibility(summary)
+        _publish(index, updated, summary, change)
     return summary
 
 

@@ -12,6 +12,7 @@ from ..config import IndexConfig
 from ..embedding import Embedder
 from ..index_format import check_writable
 from ..llm.backends import LLMBackend, llm_name
+from ..models import DEFAULT_EMBEDDER, resolve_model
 from .generation import generate_pairs
 from .sharded import build_on_cluster
 from .stages import (
@@ -47,8 +48,10 @@ def build_index(
     """
     config = (config or IndexConfig()).validate()
     out = Path(out)
-    check_writable(out, overwrite)
-    summary = IndexSummary(out=out)
+    replaces = check_writable(out, overwrite)
+    if embedder is None:  # a wrong embedder name fails now, not after hours of generation
+        resolve_model(config.nodes.embedder, DEFAULT_EMBEDDER)
+    summary = IndexSummary(out=out, replaces=replaces)
     if cluster is not None:
         return build_on_cluster(input_path, out, config, cluster, llm, summary)
 

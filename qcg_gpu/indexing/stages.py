@@ -33,8 +33,7 @@ import pyarrow as pa
 from ..config import MACHINE_PATHS, IndexConfig, NodeConfig
 from ..embedding import Embedder
 from ..errors import QCGError
-from ..index_format import IndexWriter, plan_shards
-from ..llm.backends import reproducibility
+from ..index_format import ANY_VERSION, IndexWriter, plan_shards
 from ..log import logger, progress_bar
 from .chunking import Chunk, chunk_document, load_tokenizer
 from .doc2query_minus import keep_mask
@@ -67,6 +66,8 @@ class IndexSummary:
     prompt_tokens: int = 0  # over all chunks of the index (cached replies included)
     output_tokens: int = 0
     generated_output_tokens: int = 0  # this run only
+    llm_reproducibility: str | None = None  # what the backend that generated this run's replies promises
+    replaces: str | None = ANY_VERSION  # the live version when a build began (None: new): not published over another
     seconds: dict = field(default_factory=dict)  # stage -> wall seconds
 
     @property
@@ -297,7 +298,7 @@ def write_index(
     shard_nodes = manifest["settings"]["graph"].get("shard_nodes")
     shards = plan_shards(np.asarray(node_chunk), manifest["counts"]["chunks"], shard_nodes)
     try:
-        writer = IndexWriter(out, shards)
+        writer = IndexWriter(out, shards, summary.replaces)
     except OSError as exc:
         raise _write_failure(out, exc) from exc
     try:
@@ -348,6 +349,19 @@ def package_versions() -> dict:
     return found
 
 
+def llm_reproducibility(summary: IndexSummary) -> str:
+    """The manifest's statement on the replies: the promise of the backend that generated them in this
+    run (``LLMBackend.reproducibility``), and which replies an earlier run made instead."""
+    if summary.llm_reproducibility is None:
+        return "no reply was generated in this run: each came from the generation cache or stored replies"
+    if summary.cached_chunks:
+        return (
+            f"{summary.generated_chunks} chunks' replies generated in this run, {summary.cached_chunks} by an "
+            f"earlier one (the generation cache or stored replies); this run's: {summary.llm_reproducibility}"
+        )
+    return summary.llm_reproducibility
+
+
 def build_manifest(config: IndexConfig, summary: IndexSummary, llm_name: str | None, embedder) -> dict:
     """The manifest of a full build: its settings, models, counts, tokens and timings, and the
     documents whose generation failed (``qcg index retry`` takes them up). ``embedder`` is the
@@ -363,7 +377,7 @@ def build_manifest(config: IndexConfig, summary: IndexSummary, llm_name: str | N
         "settings": settings,
         "models": {
             "llm": llm_name,
-            "llm_reproducibility": reproducibility(config.generation) if llm_name else None,
+            "llm_reproducibility": llm_reproducibility(summary) if llm_name else None,
             "embedder": embedder.model_name,
             "embedding_dim": embedder.dim,
             "embedder_max_tokens": embedder.max_tokens,

