@@ -6,6 +6,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 scripts/install.sh dev
+# tests/test_report.py opens report.html in headless Chromium: Debian's, with its driver (root installs them)
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+  else
+    echo "scripts/test.sh: the browser tests skip: install Debian's chromium and chromium-driver" >&2
+  fi
+fi
+[ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] && export QCG_BROWSER_TESTS=required
 "$PY" -m ruff format --check --quiet .
 "$PY" -m ruff check --quiet .
 "$PY" -m mypy

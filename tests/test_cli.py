@@ -245,7 +245,7 @@ def test_init_writes_every_default(tmp_path, capsys):
 @pytest.mark.parametrize(
     "command",
     [[], ["index"], *(["index", a] for a in ("build", "add", "remove", "retry", "plan")), ["query"], ["answer"]]
-    + [["eval"], ["check"], ["models"], ["corpus"], ["bench"], ["init"]],
+    + [["eval"], ["report"], ["check"], ["models"], ["corpus"], ["bench"], ["init"]],
 )
 def test_every_help_page_prints(command, capsys):
     with pytest.raises(SystemExit) as exit:

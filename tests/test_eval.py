@@ -12,8 +12,9 @@ import pytest
 
 from qcg_gpu.config import AnswerConfig, EvalConfig, GenerationConfig
 from qcg_gpu.eval.datasets import load_dataset
-from qcg_gpu.eval.harness import Answering, Harness, summarize, write_report
+from qcg_gpu.eval.harness import Answering, Harness, summarize
 from qcg_gpu.eval.metrics import evidence_recall
+from qcg_gpu.eval.report import write_report
 from qcg_gpu.eval.variants import _rebuild_nodes, derive_index
 from qcg_gpu.index_format import load_array, load_table
 from qcg_gpu.llm.backends import Completion, LLMBackend
@@ -233,6 +234,13 @@ def test_eval_cli_retrieval_only(small_index, questions_file, tmp_path, cli):
         float(compared[("naive@again", "R@5")]["delta"]) == 0 and compared[("naive@again", "R@5")]["p_value"] == "1.0"
     )
     assert "### Differences from naive (points)" in result.stdout
+    # report.html's data: the main index's QCG trace of each question, its nodes' generated pairs
+    traces = [json.loads(line) for line in (out / "traces.jsonl").read_text().splitlines()]
+    assert [t["qid"] for t in traces] == [r["qid"] for r in records if r["method"] == "qcg"]
+    assert all(n["question"] and n["answer"] for t in traces for n in t["nodes"].values())
+    assert (out / "report.html").stat().st_size > 0 and json.loads((out / "run.json").read_text())["sweeps"] == [
+        "seeds"
+    ]
 
 
 def test_eval_cli_bad_input(small_index, questions_file, tmp_path, cli):

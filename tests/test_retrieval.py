@@ -447,11 +447,15 @@ def test_trace_matches_a_plain_python_walk():
         for hop in per_hop:  # each hop's nodes, in the order the walk found them
             assert set(found[start : start + len(hop)]) == hop
             start += len(hop)
-        assert start == len(found)
+        assert start == len(found) and trace["hop_sizes"] == [len(hop) for hop in per_hop]
+        sims = {u: float(index.node_embeddings[u] @ queries[b]) for u in selected}
+        assert trace["expanded_sims"] == pytest.approx([sims[u] for u in found], abs=1e-6)
         means: dict[int, list[float]] = {}
         for u in selected:
-            means.setdefault(int(index.node_chunk[u]), []).append(float(index.node_embeddings[u] @ queries[b]))
+            means.setdefault(int(index.node_chunk[u]), []).append(sims[u])
         assert {c["chunk_id"]: c["n_nodes"] for c in trace["chunks"]} == {c: len(v) for c, v in means.items()}
+        assert all({int(index.node_chunk[u]) for u in c["node_ids"]} == {c["chunk_id"]} for c in trace["chunks"])
+        assert sorted(u for c in trace["chunks"] for u in c["node_ids"]) == sorted(selected)
         for c in trace["chunks"]:
             assert c["score"] == pytest.approx(np.mean(means[c["chunk_id"]]), abs=1e-6)
         scores = [c["score"] for c in trace["chunks"]]

@@ -11,7 +11,8 @@ import pytest
 from qcg_gpu.config import EvalConfig, IndexConfig
 from qcg_gpu.eval import significance
 from qcg_gpu.eval.datasets import load_dataset
-from qcg_gpu.eval.harness import Harness, write_report
+from qcg_gpu.eval.harness import Harness
+from qcg_gpu.eval.report import write_report
 from qcg_gpu.retrieval import QCGIndex, RetrievalConfig
 
 from .conftest import REPO

@@ -4,6 +4,7 @@
 ``index``      ``qcg index build|add|remove|plan`` (older spellings still work)
 ``query``      ``qcg query`` and ``qcg answer``
 ``evaluate``   ``qcg eval``
+``report``     ``qcg report``: report.html of a ``qcg eval`` folder, made again
 ``check``      ``qcg check``
 ``models``     ``qcg models [list|install NAME]``
 ``corpus``     ``qcg corpus``
@@ -24,10 +25,10 @@ import sys
 from ..config import read_config_file
 from ..errors import QCGError
 from ..log import set_verbosity
-from . import bench, check, corpus, evaluate, index, init, models, query
+from . import bench, check, corpus, evaluate, index, init, models, query, report
 from .options import pop_config_file
 
-SUBCOMMANDS = (index, query, evaluate, check, models, corpus, bench, init)
+SUBCOMMANDS = (index, query, evaluate, report, check, models, corpus, bench, init)
 
 
 def build_parser() -> argparse.ArgumentParser:

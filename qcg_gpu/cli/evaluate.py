@@ -112,7 +112,8 @@ def run(args) -> int:
 
 def _evaluate(args, job: EvalRun) -> int:
     """Every method on the index (and the compared ones), then the report."""
-    from ..eval.harness import Answering, Harness, write_report
+    from ..eval.harness import Answering, Harness
+    from ..eval.report import write_report
 
     config, index, llm, judge_llm = job.config, job.index, job.llms.get("llm"), job.llms.get("judge")
     answering = Answering(llm, job.answer_config, judge_llm) if llm else None
@@ -135,7 +136,7 @@ def _evaluate(args, job: EvalRun) -> int:
         **({"LLM replies": _replies_note(config, llm, judge_llm)} if llm else {}),
         "retrieval": dataclasses.asdict(job.retrieval) | {"knn_k": index.manifest["settings"]["graph"]["knn_k"]},
     }
-    paths = write_report(evaluation, args.out, header, job.evalset.problems, config.baseline)
+    paths = write_report(evaluation, args.out, header, job.evalset.problems, config.baseline, index)
     print(paths[1].read_text())
     return 0
 

@@ -65,6 +65,12 @@ def _add_query_arguments(parser) -> None:
         help="QCG retrieval, or a naive-RAG baseline on the same index (default: qcg)",
     )
     parser.add_argument("--trace", action="store_true", help="add each query's seeds, expanded nodes and chunk scores")
+    parser.add_argument(
+        "--html",
+        metavar="OUT.html",
+        help="with --trace: also a page to open in a browser, each query's chunks and its path from the question "
+        "through the seeds and hops",
+    )
     parser.add_argument("--out", help="write JSON lines here instead of stdout")
     parser.add_argument(
         "--embed-device", default=None, help="torch device of the query embedder (default: cuda when present)"
@@ -88,6 +94,9 @@ def run(args) -> int:
         raise QCGError(f"--ray runs QCG retrieval and answering; --method {args.method} retrieves in this process")
     if args.format != "jsonl" and args.trace:
         raise QCGError(f"--trace needs --format jsonl (a {args.format} run has no room for it)")
+    if args.html and not (args.trace and args.method == "qcg"):
+        raise QCGError("--html draws QCG traces: pass --trace (with --method qcg)")
+    query_io.check_output_file(args.html, "--html")
     if args.answers and args.embeddings:
         raise QCGError("qcg answer needs query texts (--query or --queries), not --embeddings")
     query_io.check_output_file(args.out)
@@ -118,6 +127,12 @@ def run(args) -> int:
     )
     if args.answers:
         query_io.add_answers(records, texts or [], index, llm, resolve(AnswerConfig(), args).validate())
+    if args.html:
+        from ..eval.report import write_query_page
+        from ..retrieval.trace import readable_traces
+
+        traces = readable_traces(index, [record["trace"] for record in records])
+        write_query_page(args.html, records, traces, index, config.top_k)
     if args.format == "jsonl":
         lines = [json.dumps(record, ensure_ascii=False) + "\n" for record in records]
     else:

@@ -17,19 +17,19 @@ from ..eval.runfiles import Ranking, chunk_docno, document_ranking
 from ..retrieval import QCGIndex, RetrievalConfig, RetrievalResult, trace_queries
 
 
-def check_output_file(path: str | Path | None) -> None:
-    """Refuse an --out that could not be written, before any work: a missing folder, a folder, a file
-    as its folder, no write permission."""
+def check_output_file(path: str | Path | None, option: str = "--out") -> None:
+    """Refuse an output file (``option``) that could not be written, before any work: a missing folder,
+    a folder, a file as its folder, no write permission."""
     if path is None:
         return
     path = Path(path)
     if path.is_dir():
-        raise QCGError(f"--out {path} is a folder: name a file")
+        raise QCGError(f"{option} {path} is a folder: name a file")
     if not path.parent.is_dir():
         problem = "is not a folder" if path.parent.exists() else "does not exist"
-        raise QCGError(f"--out {path}: {path.parent} {problem}")
+        raise QCGError(f"{option} {path}: {path.parent} {problem}")
     if not os.access(path if path.exists() else path.parent, os.W_OK):
-        raise QCGError(f"--out {path}: not writable")
+        raise QCGError(f"{option} {path}: not writable")
 
 
 def write_output(path: str | Path | None, lines: list[str]) -> None:

@@ -3,18 +3,13 @@ retrieval metrics (no LLM needed) and, when an LLM is given, by answer metrics a
 
 Every method sees the same chunks, embedder and K. Node-text ablations and the ``knn`` /
 ``alpha`` sweeps are derived from the index's stored pairs (qcg_gpu/eval/variants.py), so nothing
-is generated again. Outputs (see :func:`write_report`): per-question ``results.jsonl``,
-``summary.md`` / ``summary.csv`` laid out like the paper's Table 1, one CSV + PNG per sweep,
-and TREC run files of every method with their qrels (documents and chunks, qcg_gpu/eval/runfiles.py).
+is generated again. What a run writes is ``report.py``'s.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import numpy as np
 
@@ -24,7 +19,8 @@ from ..embedding import Embedder
 from ..errors import QCGError
 from ..llm.backends import LLMBackend, SamplingSpec
 from ..log import logger, progress_bar
-from ..retrieval import QCGIndex, RetrievalConfig, RetrievalResult, search
+from ..retrieval import QCGIndex, RetrievalConfig, RetrievalResult, search, trace_queries
+from ..retrieval.trace import readable_traces
 from . import significance
 from .datasets import NULL_TYPE, EvalSet, without_evidence
 from .metrics import (
@@ -32,12 +28,11 @@ from .metrics import (
     exact_match,
     is_abstention,
     judge_conversation,
-    metric_base,
     parse_verdict,
     retrieval_scores,
     token_f1,
 )
-from .runfiles import chunk_docno, document_ranking, write_qrels, write_run
+from .runfiles import chunk_docno
 from .variants import derive_index
 
 ANSWER_METRICS = ("judge", "em", "f1")
@@ -49,6 +44,7 @@ class Evaluation:
     sweeps: dict[str, list[dict]]  # sweep name -> one row per point
     types: list[str]
     chunks_of: dict[str, set[str]] = field(default_factory=dict)  # doc id -> its chunks' docnos (chunk qrels)
+    traces: dict[str, dict] = field(default_factory=dict)  # qid -> the qcg method's trace (readable_traces)
 
     def add(self, other: Evaluation, label: str) -> None:
         """Append another index's records, their methods labelled ``METHOD@label``."""
@@ -93,17 +89,25 @@ class Harness:
         ]
 
     def run(self, config: EvalConfig) -> Evaluation:
-        records = []
+        records, traces = [], {}
         for method in config.method_list():
             logger.info(f"method {method}")
-            records += self.score_retrieval(method, self.retrieve(method, self.index, self.retrieval))
+            result = self.retrieve(method, self.index, self.retrieval)
+            records += self.score_retrieval(method, result)
+            if method == "qcg":
+                traces = self.traces(result)
         if config.answers:
             self.score_answers(records, config.judge)
         sweeps = {name: self.sweep(name, config) for name in config.sweep_list()}
         chunks_of: dict[str, set[str]] = {}
         for doc, docno in zip(self.doc_ids, self.chunk_docnos):
             chunks_of.setdefault(doc, set()).add(docno)
-        return Evaluation(records, sweeps, self.types, chunks_of)
+        return Evaluation(records, sweeps, self.types, chunks_of, traces)
+
+    def traces(self, result: RetrievalResult) -> dict[str, dict]:
+        """Each question's QCG trace (seeds, hops, chunk means, node texts), for report.html."""
+        traces = trace_queries(self.index, self.vectors, result, self.retrieval.hops)
+        return {q.qid: trace for q, trace in zip(self.questions, readable_traces(self.index, traces))}
 
     def retrieve(self, method: str, index: QCGIndex, retrieval: RetrievalConfig) -> RetrievalResult:
         """Every question's top-K chunks and their scores."""
@@ -250,181 +254,6 @@ def metric_names(records: list[dict]) -> list[str]:
     return [m for m in ANSWER_METRICS if m in keys] + [
         k for k in keys if k.partition("@")[2].isdigit()
     ]  # not R@5_multi
-
-
-# --- report ---------------------------------------------------------------------------------
-
-METRIC_TITLES = {
-    "judge": "LLM-as-judge accuracy (%)",
-    "em": "Exact match (%)",
-    "f1": "Token F1 (%)",
-    "R": "Evidence recall",
-    "RR": "Reciprocal rank of the first evidence document (x100)",
-    "nDCG": "nDCG, binary evidence gains (x100)",
-    "AP": "Average precision (x100)",
-    "Success": "Any evidence document retrieved (%)",
-    "AllEvidence": "All evidence documents retrieved (%)",
-}
-
-
-def metric_title(name: str) -> str:
-    return METRIC_TITLES[metric_base(name)] + (f", {name}" if "@" in name else "")
-
-
-def _pct(value: float | None) -> str:
-    return "–" if value is None or math.isnan(value) else f"{100 * value:.2f}"
-
-
-def markdown_tables(rows: list[dict], types: list[str]) -> str:
-    parts = []
-    for metric in metric_names(rows):
-        header = ["method", "overall"] + types
-        lines = [f"### {metric_title(metric)}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        for row in rows:
-            cells = [row["method"], _pct(row.get(metric))] + [_pct(row.get(f"{metric}_{t}")) for t in types]
-            lines.append("| " + " | ".join(cells) + " |")
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts)
-
-
-def comparison_tables(rows: list[dict], metrics: list[str], types: list[str]) -> str:
-    """summary.md's differences from the baseline: per metric, each method's mean difference overall and per
-    question type with its 95% interval, * where significant after Holm's adjustment."""
-    by_key = {(r["method"], r["metric"]): r for r in rows}
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    parts = []
-    for metric in metrics:
-        header = ["method", "overall", *types]
-        lines = [f"#### {metric_title(metric)}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        for method in methods:
-            names = [metric, *(f"{metric}_{t}" for t in types)]
-            lines.append("| " + " | ".join([method, *(_delta(by_key.get((method, n))) for n in names)]) + " |")
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts)
-
-
-def _delta(row: dict | None) -> str:
-    if row is None or math.isnan(row["delta"]):
-        return "–"
-    mark = "*" if row["p_adjusted"] < significance.ALPHA else ""
-    return f"{100 * row['delta']:+.2f} [{100 * row['ci_low']:+.2f}, {100 * row['ci_high']:+.2f}]{mark}"
-
-
-def write_report(
-    evaluation: Evaluation, out: str | Path, header: dict, problems: list[str], baseline: str | None = None
-) -> list[Path]:
-    """results.jsonl, summary.md, summary.csv, comparisons.csv (every method against ``baseline``, when it
-    ran), sweep_<name>.csv/.png and the TREC files (:func:`write_runs`) in ``out``; returns the paths."""
-    from .plots import plot_sweep
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    written = [out / "results.jsonl", out / "summary.md", out / "summary.csv"]
-    with open(written[0], "w", encoding="utf-8") as fh:
-        for record in evaluation.records:
-            fh.write(json.dumps(_without_nan(record), ensure_ascii=False) + "\n")
-    rows = summarize(evaluation.records, evaluation.types)
-    _write_csv(written[2], rows)
-    metrics = metric_names(evaluation.records)
-    differences = []
-    if baseline is not None and len(rows) > 1 and any(r["method"] == baseline for r in evaluation.records):
-        differences = significance.comparisons(evaluation.records, baseline, metrics, evaluation.types)
-    if differences:
-        written.append(out / "comparisons.csv")
-        _write_csv(written[-1], differences)
-    first = [r for r in evaluation.records if r["method"] == rows[0]["method"]] if rows else []
-    counts = {t: sum(1 for r in first if r["type"] == t) for t in evaluation.types}
-    md = [
-        "# Evaluation",
-        "",
-        *[f"- {key}: {value}" for key, value in header.items()],
-        f"- questions by type: {counts}",
-        f"- retrieval metrics over the {rows[0]['with_evidence'] if rows else 0} of {len(first)} questions "
-        "that name evidence documents (answer metrics over all)",
-        "",
-        markdown_tables(rows, evaluation.types),
-    ]
-    if baseline is not None and not differences and len(rows) > 1:
-        md += ["", f"No comparisons: the baseline {baseline} was not evaluated (--baseline names another)."]
-    if differences:
-        md += [
-            "",
-            f"### Differences from {baseline} (points)",
-            "",
-            f"Per question, over the questions both scored: the mean difference and its 95% paired bootstrap "
-            f"interval; * = significant at {significance.ALPHA:g} after Holm's adjustment over all "
-            f"{len(differences)} comparisons of this run (a randomization test; comparisons.csv has every p).",
-            "",
-            comparison_tables(differences, metrics, evaluation.types),
-        ]
-    faults = {
-        what: sum(1 for r in evaluation.records if r.get(key))
-        for key, what in (
-            ("judge_unparsed", "judge replies without a verdict"),
-            ("judge_error", "failed judge requests"),
-            ("error", "failed answer requests"),
-        )
-    }
-    if any(faults.values()):
-        md += ["", "Counted incorrect: " + ", ".join(f"{what}: {n}" for what, n in faults.items()) + "."]
-    for name, sweep_rows in evaluation.sweeps.items():
-        _write_csv(out / f"sweep_{name}.csv", sweep_rows)
-        plot_sweep(name, sweep_rows, out / f"sweep_{name}.png")
-        written += [out / f"sweep_{name}.csv", out / f"sweep_{name}.png"]
-        md += ["", f"### Sweep: {name}", "", _selected_on_dev(sweep_rows), "", f"![{name}](sweep_{name}.png)"]
-    if problems:
-        md += ["", "### Data problems found and handled", "", *[f"- {p}" for p in problems]]
-    written[1].write_text("\n".join(md) + "\n", encoding="utf-8")
-    return written + write_runs(evaluation, out)
-
-
-def _selected_on_dev(rows: list[dict]) -> str:
-    """How many settings a sweep tried, and its best by the first metric, flagged as picked on these questions."""
-    metric = next(k for k in rows[0] if k.partition("@")[2].isdigit() or k in ANSWER_METRICS)
-    best = max(rows, key=lambda row: row[metric])
-    setting = ", ".join(f"{k} = {v}" for k, v in best.items() if k in ("hops", "knn_k", "alpha", "gamma", "n"))
-    interval = f"[{_pct(best[f'{metric}_ci_low'])}, {_pct(best[f'{metric}_ci_high'])}]"
-    return (
-        f"{len(rows)} settings tried; the best by {metric}, {setting}: {_pct(best[metric])} {interval}, selected on "
-        "these questions: the best of many on a small split is partly luck, so confirm it once on questions it was "
-        "not picked on (benchmarks/lihuaworld/run.sh confirm)."
-    )
-
-
-def write_runs(evaluation: Evaluation, out: Path) -> list[Path]:
-    """``runs/METHOD.documents.run`` and ``runs/METHOD.chunks.run`` for every method, with
-    ``qrels.documents.txt`` and ``qrels.chunks.txt`` (questions with evidence only) beside them:
-    ``ir_measures qrels.documents.txt runs/qcg.documents.run R@5 nDCG@5`` scores a method."""
-    records = evaluation.records
-    evidence = {r["qid"]: r["evidence"] for r in records if r["evidence"]}
-    chunk_evidence = {
-        qid: sorted(c for doc in docs for c in evaluation.chunks_of.get(doc, ())) for qid, docs in evidence.items()
-    }
-    written = [
-        write_qrels(out / "qrels.documents.txt", evidence),
-        write_qrels(out / "qrels.chunks.txt", chunk_evidence),
-    ]
-    for method in dict.fromkeys(r["method"] for r in records):
-        mine = [r for r in records if r["method"] == method]
-        name = method.replace("/", "_")
-        documents = {r["qid"]: document_ranking(r["docs"], r["scores"]) for r in mine}
-        chunks = {r["qid"]: list(zip(r["chunks"], r["scores"])) for r in mine}
-        written.append(write_run(out / "runs" / f"{name}.documents.run", documents, method))
-        written.append(write_run(out / "runs" / f"{name}.chunks.run", chunks, method))
-    return written
-
-
-def _without_nan(record: dict) -> dict:
-    """NaN (a metric that does not apply) as JSON null."""
-    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in record.items()}
-
-
-def _write_csv(path: Path, rows: list[dict]) -> None:
-    fields = list(dict.fromkeys(key for row in rows for key in row))
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def check_evidence(index: QCGIndex, evalset: EvalSet, allow_missing: bool = False) -> list[str]:
