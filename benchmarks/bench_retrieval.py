@@ -33,7 +33,7 @@ from qcg_gpu.eval.bench import synthetic_queries as make_queries
 from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever, seed_threshold
 from qcg_gpu.retrieval.numpy_backend import NumpyBackend
 from qcg_gpu.retrieval.result import tile_rows
-from qcg_gpu.retrieval.search import prefilter_kind
+from qcg_gpu.retrieval.retriever import prefilter_kind
 
 
 def loop_search(index: QCGIndex, queries: np.ndarray, config: RetrievalConfig):

@@ -49,3 +49,18 @@ def test_public_names_resolve_from_the_package():
 
     for name in qcg_gpu.__all__:
         assert getattr(qcg_gpu, name) is not None, name
+
+
+def test_no_function_takes_more_than_eight_parameters():
+    """Kernels take named structures (qcg_gpu/kernels/structs.py) instead of a dozen positional arrays,
+    so a swapped indptr/indices or hops/top_k cannot compile and run (issue 38 §1)."""
+    wide = []
+    for path in sorted((ROOT / "qcg_gpu").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args
+                names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+                count = len(names) + bool(args.vararg) + bool(args.kwarg) - (names[:1] in (["self"], ["cls"]))
+                if count > 8:
+                    wide.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({count})")
+    assert wide == []

@@ -103,6 +103,12 @@ def test_the_eval_page_filters_and_drills_down_to_the_run_s_own_rows(run_dir, br
     choose(page, "f-type", first_type)
     assert shown_rows(page) == [q for q in qids if next(r["type"] for r in records if r["qid"] == q) == first_type]
     choose(page, "f-type", "")
+    page.find_element("css selector", "#questions th[data-sort='id']").click()  # sorted by id, then reversed
+    assert shown_rows(page) == sorted(qids, key=int)
+    page.find_element("css selector", "#questions th[data-sort='id']").click()
+    assert shown_rows(page) == sorted(qids, key=int, reverse=True)
+    page.find_element("css selector", "#questions th[data-sort='qcg']").click()  # QCG's hits first
+    assert [hit[("qcg", q)] for q in shown_rows(page)] == sorted((hit[("qcg", q)] for q in qids), reverse=True)
 
     qid = qids[0]
     page.find_element("css selector", f"#questions tbody tr[data-qid='{qid}']").click()

@@ -390,7 +390,7 @@ def test_auto_prefilter_takes_the_fastest_measured_gemm(monkeypatch, cpu, want):
     """bf16 only with AMX (AVX512-BF16 alone measured 0.6x float32), int8 on other x86 CPUs, and the
     float32 GEMM where nothing was measured faster; an explicit choice is kept."""
     from qcg_gpu import capabilities
-    from qcg_gpu.retrieval.search import prefilter_kind
+    from qcg_gpu.retrieval.retriever import prefilter_kind
 
     monkeypatch.setattr(capabilities, "_cpuinfo", lambda: ("a CPU", frozenset(CPU_FLAGS[cpu])))
     assert prefilter_kind(RetrievalConfig(backend="numpy")) == (want if WITH_TORCH else None)

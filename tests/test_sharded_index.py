@@ -146,7 +146,7 @@ def test_shard_nodes_zero_is_refused_in_one_line(cli, tmp_path):
 
 @pytest.mark.parametrize("prefilter", ["off", "int8", "bf16"])
 def test_shard_owners_in_this_process_equal_one_process(whole_and_sharded, prefilter):
-    from qcg_gpu.retrieval.search import prefilter_kind
+    from qcg_gpu.retrieval.retriever import prefilter_kind
     from qcg_gpu.retrieval.shard_backend import local_owners
 
     whole, sharded = whole_and_sharded
@@ -290,7 +290,7 @@ def test_an_index_derived_in_memory_is_not_taken_for_its_shards(whole_and_sharde
     """qcg eval's ablations derive indexes in this process: on Ray they go whole to the workers, never
     to owners that would load the original index's shard files."""
     from qcg_gpu.eval.variants import derive_index
-    from qcg_gpu.retrieval.search import ray_mode
+    from qcg_gpu.retrieval.retriever import ray_mode
 
     _, sharded = whole_and_sharded
     derived = derive_index(QCGIndex.load(sharded), knn_k=3)

@@ -86,7 +86,7 @@ def run(args) -> int:
 
     from ..index_format import read_manifest
     from ..retrieval import QCGIndex, check_queries, search
-    from ..retrieval.search import ray_mode
+    from ..retrieval.retriever import ray_mode
     from . import query_io
 
     config = retrieval_config(args)

@@ -35,7 +35,7 @@ from ..errors import QCGError
 from ..indexing.knn import degree, exact_rows, knn_graph
 from ..retrieval import QCGIndex, Retriever, numpy_backend, seed_threshold
 from ..retrieval.result import tile_rows
-from ..retrieval.search import prefilter_kind
+from ..retrieval.retriever import prefilter_kind
 
 DIM = 384
 PARTS = ("retrieval", "knn", "embedding", "doc2query")
@@ -124,7 +124,7 @@ def synthetic_queries(index: QCGIndex, b: int, seed: int = 1) -> np.ndarray:
 # --- the seed search a user would reach for -------------------------------------------------------
 
 
-def rank_from_seeds(index: QCGIndex, queries: np.ndarray, sims, ids, config: RetrievalConfig) -> list[list[int]]:
+def rank_nearest_nodes(index: QCGIndex, queries: np.ndarray, sims, ids, config: RetrievalConfig) -> list[list[int]]:
     """Top-K chunk ids per query from each query's n best nodes (``sims``/``ids``, (B, n)): the seeds
     are those above the threshold, then the numpy backend's own expansion and chunk scoring, so a
     route differs from the engine only in how it finds the n best nodes."""
@@ -135,13 +135,13 @@ def rank_from_seeds(index: QCGIndex, queries: np.ndarray, sims, ids, config: Ret
 
 class LibraryRoute:
     """faiss ``IndexFlatIP.search`` for the n best nodes, then ``rank`` (default
-    :func:`rank_from_seeds`; a benchmark passes its own ranking to time a whole other route)."""
+    :func:`rank_nearest_nodes`; a benchmark passes its own ranking to time a whole other route)."""
 
     def __init__(self, index: QCGIndex, rank=None):
         faiss = require("faiss")
         self.index, self.flat = index, faiss.IndexFlatIP(index.dim)
         self.flat.add(index.node_embeddings)
-        self.rank = rank or rank_from_seeds
+        self.rank = rank or rank_nearest_nodes
 
     def search(self, queries: np.ndarray, config: RetrievalConfig) -> list[list[int]]:
         sims, ids = self.flat.search(queries, config.n)
@@ -149,7 +149,7 @@ class LibraryRoute:
 
 
 class TopkRoute:
-    """One torch GEMM per query tile against every node and ``torch.topk``, then :func:`rank_from_seeds`."""
+    """One torch GEMM per query tile against every node and ``torch.topk``, then :func:`rank_nearest_nodes`."""
 
     def __init__(self, index: QCGIndex, device: str = "cpu"):
         self.torch = require("torch")
@@ -165,7 +165,7 @@ class TopkRoute:
                 best = (tile @ self.nodes.T).topk(config.n, dim=1)
                 sims.append(best.values.cpu())
                 ids.append(best.indices.cpu())
-        return rank_from_seeds(self.index, queries, torch.cat(sims).numpy(), torch.cat(ids).numpy(), config)
+        return rank_nearest_nodes(self.index, queries, torch.cat(sims).numpy(), torch.cat(ids).numpy(), config)
 
 
 # --- measurements ----------------------------------------------------------------------------

@@ -21,15 +21,15 @@ import numba
 import numpy as np
 
 from .prefetch_cpu import prefetch_row
+from .structs import Scratch
 
 PREFETCH_DISTANCE = 2  # rows ahead: a row loads while the one before it is summed
 
 
 @numba.njit(inline="always")
 def new_scratch(n_nodes, n_chunks):
-    """One thread's work arrays for ``rank_query``, kept across its queries: nothing of size N is cleared per query.
-    (visit stamps of nodes and chunks, chunk sums and counts, Q* in visit order, chunks touched)"""
-    return (
+    """One thread's :class:`Scratch` for ``rank_query``, kept across its queries."""
+    return Scratch(
         np.zeros(n_nodes, dtype=np.int32),
         np.zeros(n_chunks, dtype=np.int32),
         np.zeros(n_chunks, dtype=np.float64),
@@ -40,9 +40,11 @@ def new_scratch(n_nodes, n_chunks):
 
 
 @numba.njit(inline="always")
-def expand(mark, seeds, indptr, indices, hops, stamp, selected):
+def expand(mark, seeds, graph, hops, stamp, selected):
     """Q* into ``selected`` in breadth-first order: the seeds (ids < 0 skipped), then each hop's new
-    nodes in the order they are found. Returns |Q*|; ``stamp[u] == mark`` marks a visited node."""
+    nodes in the order they are found along ``graph``'s out-edges. Returns |Q*|; ``stamp[u] == mark``
+    marks a visited node."""
+    indptr, indices = graph.indptr, graph.indices
     size = 0
     for s in range(len(seeds)):
         u = seeds[s]
@@ -65,12 +67,19 @@ def expand(mark, seeds, indptr, indices, hops, stamp, selected):
 
 
 @numba.njit(inline="always")
-def rank_query(mark, seeds, query, indptr, indices, nodes, node_chunk, hops, scratch, chunks_out, scores_out):
+def rank_query(mark, seeds, query, nodes, graph, hops, scratch, out):
     """One query: Q* = its seeds (ids < 0 skipped) and h hops, each node's similarity, the chunk means and
-    the K best chunks into ``chunks_out``/``scores_out`` (K = their length, pre-filled with -1/-inf).
+    the K best chunks into ``out`` = (chunk ids, scores) (K = their length, pre-filled with -1/-inf).
     Returns |Q*|. ``mark`` must differ between the queries one ``scratch`` serves (stamp == mark: visited)."""
-    stamp, chunk_stamp, chunk_sum, chunk_count, selected, touched = scratch
-    size = expand(mark, seeds, indptr, indices, hops, stamp, selected)
+    chunks_out, scores_out = out
+    stamp, chunk_stamp, chunk_sum, chunk_count = (
+        scratch.stamp,
+        scratch.chunk_stamp,
+        scratch.chunk_sum,
+        scratch.chunk_count,
+    )
+    selected, touched, node_chunk = scratch.selected, scratch.touched, graph.node_chunk
+    size = expand(mark, seeds, graph, hops, stamp, selected)
     n_touched = 0
     for i in range(min(PREFETCH_DISTANCE, size)):
         prefetch_row(nodes, selected[i])
@@ -109,35 +118,26 @@ def rank_query(mark, seeds, query, indptr, indices, nodes, node_chunk, hops, scr
 # reassoc lets LLVM vectorise the dot products (a different summation order: results move in
 # the last float32 bits, as they do between any two BLAS builds).
 @numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
-def expand_and_rank(seed_ids, indptr, indices, nodes, queries, node_chunk, n_chunks, hops, top_k, n_threads):
-    """``rank_query`` for every row of ``seed_ids`` (-1 padded), seeds chosen elsewhere; threads take
-    queries round-robin."""
-    n_queries = seed_ids.shape[0]
+def expand_and_rank(seed_ids, queries, nodes, graph, ranking):
+    """``rank_query`` for every row of ``seed_ids`` (-1 padded), seeds chosen elsewhere, as ``ranking``
+    (a :class:`Ranking`) says; threads take queries round-robin."""
+    n_queries, top_k, n_threads = seed_ids.shape[0], ranking.top_k, ranking.n_threads
     out_chunks = np.full((n_queries, top_k), -1, dtype=np.int64)
     out_scores = np.full((n_queries, top_k), -np.inf, dtype=np.float32)
     out_selected = np.zeros(n_queries, dtype=np.int64)
     for t in numba.prange(n_threads):
-        scratch = new_scratch(nodes.shape[0], n_chunks)
+        scratch = new_scratch(nodes.shape[0], graph.n_chunks)
         for b in range(t, n_queries, n_threads):
+            out = (out_chunks[b], out_scores[b])
             out_selected[b] = rank_query(
-                np.int32(b + 1),
-                seed_ids[b],
-                queries[b],
-                indptr,
-                indices,
-                nodes,
-                node_chunk,
-                hops,
-                scratch,
-                out_chunks[b],
-                out_scores[b],
+                np.int32(b + 1), seed_ids[b], queries[b], nodes, graph, ranking.hops, scratch, out
             )
     return out_chunks, out_scores, out_selected
 
 
 @numba.njit(cache=True)
-def reached_nodes(seeds, indptr, indices, n_nodes, hops):
+def reached_nodes(seeds, graph, n_nodes, hops):
     """Q* of one query in breadth-first order (``expand``), for the trace view."""
     selected = np.empty(n_nodes, dtype=np.int64)
-    size = expand(np.int32(1), seeds, indptr, indices, hops, np.zeros(n_nodes, dtype=np.int32), selected)
+    size = expand(np.int32(1), seeds, graph, hops, np.zeros(n_nodes, dtype=np.int32), selected)
     return selected[:size]

@@ -49,7 +49,7 @@ def gather_dot(nodes, queries, ids):
     if nodes.is_cuda or _interpreting():
         kernel = _triton_kernel()
         if kernel is not None:
-            ids, queries = ids.contiguous(), queries.contiguous()
+            nodes, ids, queries = nodes.contiguous(), ids.contiguous(), queries.contiguous()  # no copy if they are
             if _interpreting():  # the interpreter copies arguments by storage: queries cut from the nodes would clash
                 queries = queries.clone()
             out = torch.empty(ids.shape, dtype=torch.float32, device=ids.device)
@@ -62,7 +62,6 @@ def gather_dot(nodes, queries, ids):
                     out,
                     ids.shape[1],
                     nodes.shape[1],
-                    nodes.stride(0),
                     BLOCK_ROWS=BLOCK_ROWS,
                     BLOCK_DIM=BLOCK_DIM,
                 )
@@ -87,9 +86,8 @@ def _triton_kernel():
         return None
 
     @triton.jit
-    def gather_dot_kernel(
-        nodes, queries, ids, out, width, dim, node_stride, BLOCK_ROWS: tl.constexpr, BLOCK_DIM: tl.constexpr
-    ):
+    def gather_dot_kernel(nodes, queries, ids, out, width, dim, BLOCK_ROWS: tl.constexpr, BLOCK_DIM: tl.constexpr):
+        # every tensor contiguous: a node row starts every dim values, as a query row does
         b = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         in_row = cols < width
@@ -100,9 +98,7 @@ def _triton_kernel():
             d = start + tl.arange(0, BLOCK_DIM)
             in_dim = d < dim
             q = tl.load(queries + b * dim + d, mask=in_dim, other=0.0)
-            rows = tl.load(
-                nodes + u[:, None] * node_stride + d[None, :], mask=valid[:, None] & in_dim[None, :], other=0.0
-            )
+            rows = tl.load(nodes + u[:, None] * dim + d[None, :], mask=valid[:, None] & in_dim[None, :], other=0.0)
             acc += tl.sum(rows * q[None, :], axis=1)
         tl.store(out + b * width + cols, acc, mask=in_row)
 

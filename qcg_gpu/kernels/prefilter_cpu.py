@@ -118,12 +118,15 @@ def _block_max(flat, start, length):
 
 
 @numba.njit(parallel=True, cache=True)
-def scan_block(approx, col0, t_minus_eps, eps, unit, n, cand_ids, cand_vals, counts, best, overflow, values):
+def scan_block(approx, col0, bounds, n, candidates, values):
     """One (rows, cols) tile of approximate similarities (bf16 bits or int8 dot products, see the
-    module docstring) whose column 0 is node ``col0``; updates each row's candidates
-    (``cand_ids/cand_vals/counts``), its n best approximations ``best`` (descending) and ``overflow``."""
+    module docstring) whose column 0 is node ``col0``, each row within its :class:`RowBounds`; updates
+    each row's :class:`Candidates` (ids, values, count, its n best approximations, overflow)."""
     rows, cols = approx.shape
     flat = approx.ravel()  # C-contiguous: a view
+    t_minus_eps, eps, unit = bounds.t_minus_eps, bounds.eps, bounds.unit
+    cand_ids, cand_vals, best, overflow = candidates.ids, candidates.vals, candidates.best, candidates.overflow
+    counts = candidates.counts  # on its own: unpacked with the others, its writes were lost (numba 0.65, prange)
     capacity = cand_ids.shape[1]
     for r in numba.prange(rows):
         if overflow[r]:
@@ -206,10 +209,11 @@ def _insert_seed(v, u, ids_out, sims_out):
 
 
 @numba.njit(inline="always")
-def _rescore_query(query, nodes, threshold, floor, cand_ids, cand_vals, count, ids_out, sims_out):
+def _rescore_query(query, nodes, threshold, floor, cand_ids, cand_vals, count, seeds_out):
     """The exact seeds of one query: its best candidates with sim >= threshold, ties by lower id,
-    into ``ids_out``/``sims_out`` (n = their length; -1/-inf filled). Ranked in float64, where
+    into ``seeds_out`` = (ids, sims) (n = their length; -1/-inf filled). Ranked in float64, where
     float32 rounding makes no ties."""
+    ids_out, sims_out = seeds_out
     q = query.astype(np.float64)
     for i in range(count):
         if cand_vals[i] < floor:
@@ -234,37 +238,21 @@ def _new_outputs(rows, n, top_k):
 # reassoc vectorises the dot products (float64 ones change by ~1e-16, far below float32; float32 ones
 # in the last bits, as between any two BLAS builds)
 @numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
-def rescore_and_rank(
-    queries,
-    nodes,
-    threshold,
-    eps,
-    n,
-    cand_ids,
-    cand_vals,
-    counts,
-    best,
-    overflow,
-    indptr,
-    indices,
-    node_chunk,
-    n_chunks,
-    hops,
-    top_k,
-    n_threads,
-):
-    """Exact seeds of each non-overflowed row, then its expansion and top-K chunks (``expand_cpu.rank_query``),
-    one query after the other: the seeds' rows are still in cache when the expansion scores them, and the
-    next query's candidate rows load meanwhile. Returns seed ids and their float64 sims (best first: what
-    they rank by, so that seeds of node shards merge exactly), top-K chunks, scores and |Q*| per row;
-    overflowed rows stay empty (-1)."""
-    rows = queries.shape[0]
-    seed_ids, seed_sims, out_chunks, out_scores, out_selected = _new_outputs(rows, n, top_k)
+def rescore_and_rank(queries, nodes, threshold, eps, n, candidates, graph, ranking):
+    """Exact seeds of each non-overflowed row of ``candidates``, then its expansion and top-K chunks
+    (``expand_cpu.rank_query`` over ``graph``, as ``ranking`` says), one query after the other: the seeds'
+    rows are still in cache when the expansion scores them, and the next query's candidate rows load
+    meanwhile. Returns seed ids and their float64 sims (best first: what they rank by, so that seeds of
+    node shards merge exactly), top-K chunks, scores and |Q*| per row; overflowed rows stay empty (-1)."""
+    rows, n_threads = queries.shape[0], ranking.n_threads
+    cand_ids, cand_vals, best, overflow = candidates.ids, candidates.vals, candidates.best, candidates.overflow
+    counts = candidates.counts
+    seed_ids, seed_sims, out_chunks, out_scores, out_selected = _new_outputs(rows, n, ranking.top_k)
     floors = np.empty(rows, dtype=np.float32)
     for r in range(rows):  # a candidate must reach its row's final floor (see the module docstring)
         floors[r] = max(threshold - eps[r], best[r, n - 1] - 2 * eps[r])
     for t in numba.prange(n_threads):
-        scratch = new_scratch(nodes.shape[0], n_chunks)
+        scratch = new_scratch(nodes.shape[0], graph.n_chunks)
         for r in range(t, rows, n_threads):
             if r + n_threads < rows and not overflow[r + n_threads]:
                 following = r + n_threads
@@ -273,51 +261,32 @@ def rescore_and_rank(
                 )
             if overflow[r]:
                 continue
-            _rescore_query(
-                queries[r], nodes, threshold, floors[r], cand_ids[r], cand_vals[r], counts[r], seed_ids[r], seed_sims[r]
-            )
+            seeds = (seed_ids[r], seed_sims[r])
+            _rescore_query(queries[r], nodes, threshold, floors[r], cand_ids[r], cand_vals[r], counts[r], seeds)
+            out = (out_chunks[r], out_scores[r])
             out_selected[r] = rank_query(
-                np.int32(r + 1),
-                seed_ids[r],
-                queries[r],
-                indptr,
-                indices,
-                nodes,
-                node_chunk,
-                hops,
-                scratch,
-                out_chunks[r],
-                out_scores[r],
+                np.int32(r + 1), seed_ids[r], queries[r], nodes, graph, ranking.hops, scratch, out
             )
     return seed_ids, seed_sims, out_chunks, out_scores, out_selected
 
 
 @numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
-def rescore_all_and_rank(queries, nodes, threshold, n, indptr, indices, node_chunk, n_chunks, hops, top_k, n_threads):
+def rescore_all_and_rank(queries, nodes, threshold, n, graph, ranking):
     """``rescore_and_rank`` with every node a candidate: the rows whose near-ties overflowed the
     candidate buffer, ranked by the same float64 numbers (no (rows, N) similarity matrix)."""
-    rows = queries.shape[0]
-    seed_ids, seed_sims, out_chunks, out_scores, out_selected = _new_outputs(rows, n, top_k)
+    rows, n_threads = queries.shape[0], ranking.n_threads
+    seed_ids, seed_sims, out_chunks, out_scores, out_selected = _new_outputs(rows, n, ranking.top_k)
     for t in numba.prange(n_threads):
-        scratch = new_scratch(nodes.shape[0], n_chunks)
+        scratch = new_scratch(nodes.shape[0], graph.n_chunks)
         for r in range(t, rows, n_threads):
             q = queries[r].astype(np.float64)
             for u in range(nodes.shape[0]):
                 v = _dot64(q, nodes, u)
                 if v >= threshold:
                     _insert_seed(v, u, seed_ids[r], seed_sims[r])
+            out = (out_chunks[r], out_scores[r])
             out_selected[r] = rank_query(
-                np.int32(r + 1),
-                seed_ids[r],
-                queries[r],
-                indptr,
-                indices,
-                nodes,
-                node_chunk,
-                hops,
-                scratch,
-                out_chunks[r],
-                out_scores[r],
+                np.int32(r + 1), seed_ids[r], queries[r], nodes, graph, ranking.hops, scratch, out
             )
     return seed_ids, seed_sims, out_chunks, out_scores, out_selected
 

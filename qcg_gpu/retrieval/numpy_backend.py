@@ -17,6 +17,7 @@ import numpy as np
 from ..capabilities import WITH_TORCH, ieee_float32_matmul, int8_node_code_max, require
 from ..config import RetrievalConfig
 from ..errors import QCGError
+from ..kernels.structs import Candidates, Graph, Ranking, RowBounds
 from .bounds import (
     INT8_MAX,
     INT8_OUTPUT_ROUNDOFF,
@@ -82,54 +83,46 @@ class NumpyBackend:
             self.index.node_embeddings,
             threshold,
             n,
-            *self.graph,
-            self.index.n_chunks,
-            config.hops,
-            config.top_k,
-            self._threads(),
+            self.graph,
+            Ranking(hops=config.hops, top_k=config.top_k, n_threads=self._threads()),
         )
         ids[rows], vals[rows] = seed_ids, seed_sims
         for array, values in zip(ranked, exact):
             array[rows] = values
 
 
-def compact_graph(index: QCGIndex) -> tuple:
-    """(knn_indptr, knn_indices, node_chunk) as int32 where every value fits: the CPU kernels look them
-    up at random, and half the bytes stay in cache."""
+def compact_graph(index: QCGIndex) -> Graph:
+    """The kernels' :class:`Graph` of ``index``: its kNN CSR and node chunks as int32 where every value
+    fits (the CPU kernels look them up at random, and half the bytes stay in cache)."""
     arrays = (index.knn_indptr, index.knn_indices, index.node_chunk)
     fits = all(len(a) == 0 or int(a.max()) < 2**31 - 1 for a in arrays)
-    return tuple(np.ascontiguousarray(a, np.int32 if fits else np.int64) for a in arrays)
+    indptr, indices, node_chunk = (np.ascontiguousarray(a, np.int32 if fits else np.int64) for a in arrays)
+    return Graph(indptr=indptr, indices=indices, node_chunk=node_chunk, n_chunks=index.n_chunks)
 
 
 def rank_from_seeds(
-    index: QCGIndex, queries: np.ndarray, seed_ids: np.ndarray, hops: int, top_k: int, graph: tuple | None = None
+    index: QCGIndex, queries: np.ndarray, seed_ids: np.ndarray, hops: int, top_k: int, graph: Graph | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Retrieval steps 3-5 (expansion, per-chunk mean, top-K) of this backend from seeds chosen
     elsewhere (``seed_ids``, (B, n), -1 padded): the kernel ``search`` runs after its own seeds, for
     the bench's library routes and the trace. Returns chunk ids, scores and |Q*| per query."""
     from ..kernels import expand_cpu
 
-    indptr, indices, node_chunk = graph if graph is not None else compact_graph(index)
     return expand_cpu.expand_and_rank(
         np.ascontiguousarray(seed_ids, dtype=np.int64),
-        indptr,
-        indices,
-        index.node_embeddings,
         np.ascontiguousarray(queries, dtype=np.float32),
-        node_chunk,
-        index.n_chunks,
-        hops,
-        top_k,
-        _threads(),
+        index.node_embeddings,
+        graph if graph is not None else compact_graph(index),
+        Ranking(hops=hops, top_k=top_k, n_threads=_threads()),
     )
 
 
-def reached_nodes(index: QCGIndex, seeds: np.ndarray, hops: int, graph: tuple | None = None) -> np.ndarray:
+def reached_nodes(index: QCGIndex, seeds: np.ndarray, hops: int, graph: Graph | None = None) -> np.ndarray:
     """Q* of one query from its seeds, in breadth-first order (the seeds, then each hop's new nodes)."""
     from ..kernels import expand_cpu
 
-    indptr, indices, _ = graph if graph is not None else compact_graph(index)
-    return expand_cpu.reached_nodes(np.asarray(seeds, dtype=np.int64), indptr, indices, index.n_nodes, hops)
+    graph = graph if graph is not None else compact_graph(index)
+    return expand_cpu.reached_nodes(np.asarray(seeds, dtype=np.int64), graph, index.n_nodes, hops)
 
 
 def _threads() -> int:
@@ -149,7 +142,7 @@ class Prefilter:
     output_dtype: Any  # the GEMM's output dtype, and the dtype its bits are read as keys in
     key_dtype: Any
 
-    def __init__(self, index: QCGIndex, graph: tuple | None = None):
+    def __init__(self, index: QCGIndex, graph: Graph | None = None):
         import numba
 
         from ..kernels import prefilter_cpu
@@ -183,53 +176,26 @@ class Prefilter:
     def search(self, tile: np.ndarray, threshold: np.float32, n: int, config: RetrievalConfig):
         """Seeds, [chunk ids, scores, |Q*|] and the overflow mask per query. Overflowed rows (thousands
         of near-ties) are left empty for the caller to rescore over every node."""
-        k, index = self.kernels, self.index
+        k = self.kernels
         tile_low, eps, unit = self.round_tile(tile)
         rows, capacity = len(tile), 4 * n + self.spare
         cand_ids, cand_vals = np.empty((rows, capacity), np.int64), np.empty((rows, capacity), np.float32)
         counts, overflow = np.zeros(rows, np.int64), np.zeros(rows, np.bool_)
         best = np.full((rows, n), -np.inf, np.float32)
-        t_minus_eps = (threshold - eps).astype(np.float32)
+        candidates = Candidates(ids=cand_ids, vals=cand_vals, counts=counts, best=best, overflow=overflow)
+        bounds = RowBounds(t_minus_eps=(threshold - eps).astype(np.float32), eps=eps, unit=unit)
         out = self.output(rows)
         for col0 in range(0, len(self.nodes), self.cols):
-            k.scan_block(
-                self.keys(tile_low, col0, out),
-                col0,
-                t_minus_eps,
-                eps,
-                unit,
-                n,
-                cand_ids,
-                cand_vals,
-                counts,
-                best,
-                overflow,
-                k.VALUES,
-            )
-        ids, vals, *ranked = k.rescore_and_rank(
-            tile,
-            self.nodes,
-            threshold,
-            eps,
-            n,
-            cand_ids,
-            cand_vals,
-            counts,
-            best,
-            overflow,
-            *self.graph,
-            index.n_chunks,
-            config.hops,
-            config.top_k,
-            self._threads(),
-        )
+            k.scan_block(self.keys(tile_low, col0, out), col0, bounds, n, candidates, k.VALUES)
+        ranking = Ranking(hops=config.hops, top_k=config.top_k, n_threads=self._threads())
+        ids, vals, *ranked = k.rescore_and_rank(tile, self.nodes, threshold, eps, n, candidates, self.graph, ranking)
         return ids, vals, ranked, overflow
 
 
 class Bf16Prefilter(Prefilter):
     """bf16 GEMM (AMX tiles through oneDNN), its output read as int16 bit patterns."""
 
-    def __init__(self, index: QCGIndex, graph: tuple | None = None):
+    def __init__(self, index: QCGIndex, graph: Graph | None = None):
         super().__init__(index, graph)
         self.torch = torch = require("torch")
         nodes = index.node_embeddings
@@ -258,7 +224,7 @@ class Int8Prefilter(Prefilter):
     CPU lacks VNNI (``capabilities.int8_node_code_max``). Its speed against float32 with VNNI and with
     AVX2 alone: benchmarks/RESULTS.md, *Retrieval throughput* (``benchmarks/bench_gemm.py``)."""
 
-    def __init__(self, index: QCGIndex, graph: tuple | None = None):
+    def __init__(self, index: QCGIndex, graph: Graph | None = None):
         super().__init__(index, graph)
         self.torch = torch = require("torch")
         nodes = index.node_embeddings
@@ -299,7 +265,7 @@ class Float32Prefilter(Prefilter):
 
     spare = 64  # within d 2^-24 of the n-th best: near-duplicates only
 
-    def __init__(self, index: QCGIndex, graph: tuple | None = None):
+    def __init__(self, index: QCGIndex, graph: Graph | None = None):
         super().__init__(index, graph)
         nodes = index.node_embeddings
         self.node_norm = max_row_norm(nodes)

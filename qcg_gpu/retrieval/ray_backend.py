@@ -32,7 +32,7 @@ class RetrievalWorker:
 
 class RayBackend:
     """The queries split over ``cluster``'s workers, each running ``local_backend(index, config)``
-    (``search.local_backend``, passed in so that this module needs nothing from ``search``)."""
+    (``retriever.local_backend``, passed in so that this module needs nothing from ``retriever``)."""
 
     def __init__(self, index: QCGIndex, cluster, local_backend: Callable):
         self.index, self.cluster, self.local_backend = index, cluster, local_backend

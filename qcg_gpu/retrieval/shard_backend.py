@@ -36,6 +36,7 @@ from ..index_format import (
     load_shard_table,
     read_shard_rows,
 )
+from ..kernels.structs import Graph, Ranking
 from .index import QCGIndex
 from .result import RetrievalResult
 
@@ -111,18 +112,12 @@ class ShardOwner:
         width = int(np.diff(ptr).max()) if len(queries) else 0
         selected = np.full((len(queries), max(width, 1)), -1, np.int64)
         _fill_padded(selected, ptr, nodes - self.first_node)
-        chunks, scores, _ = expand_cpu.expand_and_rank(
-            selected,
-            self.local.knn_indptr,
-            self.local.knn_indices,
-            self.local.node_embeddings,
-            queries,
-            self.local.node_chunk,
-            self.local.n_chunks,
-            0,
-            top_k,
-            numba.get_num_threads(),
+        local = self.local
+        graph = Graph(
+            indptr=local.knn_indptr, indices=local.knn_indices, node_chunk=local.node_chunk, n_chunks=local.n_chunks
         )
+        ranking = Ranking(hops=0, top_k=top_k, n_threads=numba.get_num_threads())  # Q* is given whole
+        chunks, scores, _ = expand_cpu.expand_and_rank(selected, queries, local.node_embeddings, graph, ranking)
         return np.where(chunks >= 0, chunks + self.first_chunk, -1), scores
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels.structs import Graph
 from .index import QCGIndex
 from .numpy_backend import compact_graph, rank_from_seeds, reached_nodes
 from .result import RetrievalResult
@@ -25,7 +26,7 @@ def trace_query(
     seed_ids: np.ndarray,
     seed_sims: np.ndarray,
     hops: int,
-    graph: tuple | None = None,
+    graph: Graph | None = None,
 ) -> dict:
     """Seeds, the nodes each hop added (in the order found) with their similarity to the query, and
     every reached chunk's score and the nodes it is the mean of, best first (ties by lower chunk id).
