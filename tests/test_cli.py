@@ -282,6 +282,16 @@ def test_write_failures_end_in_one_line_and_publish_nothing(tmp_path, cli, monke
     assert "nothing was published" in result.stderr and "Traceback" not in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "docs"]  # no index, no leftover
 
+    monkeypatch.undo()  # now a disk that has less room than the index needs: refused before any write
+    from types import SimpleNamespace
+
+    from qcg_gpu.indexing import stages
+
+    monkeypatch.setattr(stages.shutil, "disk_usage", lambda path: SimpleNamespace(total=10**9, used=10**9, free=4096))
+    result = cli(*build, tmp_path / "index", *options)
+    assert result.returncode == 2 and "GB and 0.00 GB are free there; nothing was written" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "docs"]
+
 
 @pytest.mark.parametrize("option", ["--embedder", "--tokenizer"])
 def test_a_model_name_that_is_nowhere_is_refused_before_any_work(tmp_path, cli, option):

@@ -19,6 +19,7 @@ each stage counted and how long it took.
 from __future__ import annotations
 
 import importlib.metadata
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -33,7 +34,7 @@ import pyarrow as pa
 from ..config import MACHINE_PATHS, IndexConfig, NodeConfig
 from ..embedding import Embedder
 from ..errors import QCGError
-from ..index_format import ANY_VERSION, IndexWriter, plan_shards
+from ..index_format import ANY_VERSION, ArrayParts, IndexWriter, plan_shards
 from ..log import logger, progress_bar
 from .chunking import Chunk, chunk_document, load_tokenizer
 from .doc2query_minus import keep_mask
@@ -297,6 +298,7 @@ def write_index(
     ``graph``: the kNN graph, or what writes it from the shards once their embeddings are written."""
     shard_nodes = manifest["settings"]["graph"].get("shard_nodes")
     shards = plan_shards(np.asarray(node_chunk), manifest["counts"]["chunks"], shard_nodes)
+    check_free_space(out, tables, arrays, graph)
     try:
         writer = IndexWriter(out, shards, summary.replaces)
     except OSError as exc:
@@ -318,6 +320,29 @@ def write_index(
     except BaseException:
         writer.abort()
         raise
+
+
+def check_free_space(out: Path, tables: dict, arrays: dict, graph) -> None:
+    """Refuse in one line, before a byte is written, a version the disk cannot hold: its arrays' bytes
+    (stored as they are) and its tables' in memory (Parquet stores them smaller)."""
+    need = sum(_stored_bytes(value) for value in (*arrays.values(), *tables.values()))
+    if isinstance(graph, KnnGraph):
+        need += graph.indptr.nbytes + graph.indices.nbytes + graph.scores.nbytes
+    where = out if out.exists() else out.parent
+    free = shutil.disk_usage(where).free
+    if need > free:
+        raise QCGError(
+            f"cannot write the index at {out}: it needs about {need / 1e9:.2f} GB and {free / 1e9:.2f} GB are free "
+            "there; nothing was written (generated replies are cached: rerun when there is room)"
+        )
+
+
+def _stored_bytes(value) -> int:
+    """An array's or a table's bytes; a table given as its parts (a sharded build) counts 0: reading
+    them would consume them."""
+    if isinstance(value, ArrayParts):
+        return int(np.prod(value.shape)) * value.dtype.itemsize
+    return int(getattr(value, "nbytes", 0))
 
 
 def _write_failure(out: Path, exc: OSError) -> QCGError:
