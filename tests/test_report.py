@@ -147,6 +147,8 @@ def test_qcg_report_rebuilds_the_same_page_and_refuses_what_it_cannot_read(run_d
     (broken / "results.jsonl").write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])
     result = cli("report", broken)
     assert result.returncode == 2 and f"results.jsonl:{len(lines)}: not a JSON record" in result.stderr
+    (broken / "run.json").write_text('{"format": 1, "head')
+    assert "run.json: not JSON" in cli("report", broken).stderr
     (broken / "run.json").unlink()
     assert "written by a qcg eval older than report.html" in cli("report", broken).stderr
     (broken / "results.jsonl").unlink()

@@ -283,9 +283,13 @@ def _read_run(run_dir: Path) -> tuple[dict, list[dict], dict[str, dict]]:
         raise QCGError(f"{run_dir}: no results.jsonl (is it a qcg eval --out folder?)")
     if not (run_dir / "run.json").is_file():
         raise QCGError(f"{run_dir}: no run.json: written by a qcg eval older than report.html; run qcg eval again")
-    run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-    if run.get("format") != RUN_FORMAT:
-        raise QCGError(f"{run_dir}/run.json: format {run.get('format')!r}, this qcg reads {RUN_FORMAT}")
+    try:
+        run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise QCGError(f"{run_dir}/run.json: not JSON ({exc.msg}): a truncated file?") from None
+    if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
+        found = run.get("format") if isinstance(run, dict) else None
+        raise QCGError(f"{run_dir}/run.json: format {found!r}, this qcg reads {RUN_FORMAT}")
     records = _jsonl(results)
     if not records:
         raise QCGError(f"{results}: no records")
