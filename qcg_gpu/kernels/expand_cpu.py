@@ -137,7 +137,10 @@ def expand_and_rank(seed_ids, queries, nodes, graph, ranking):
 
 @numba.njit(cache=True)
 def reached_nodes(seeds, graph, n_nodes, hops):
-    """Q* of one query in breadth-first order (``expand``), for the trace view."""
-    selected = np.empty(n_nodes, dtype=np.int64)
-    size = expand(np.int32(1), seeds, graph, hops, np.zeros(n_nodes, dtype=np.int32), selected)
-    return selected[:size]
+    """Q* of one query in breadth-first order (``expand``), and its size after 0, 1, ..., h hops (the
+    walk to h hops begins with the walk to fewer), for the trace view."""
+    selected, stamp = np.empty(n_nodes, dtype=np.int64), np.zeros(n_nodes, dtype=np.int32)
+    sizes = np.empty(hops + 1, dtype=np.int64)
+    for h in range(hops + 1):
+        sizes[h] = expand(np.int32(h + 1), seeds, graph, h, stamp, selected)
+    return selected[: sizes[hops]], sizes

@@ -117,8 +117,11 @@ def rank_from_seeds(
     )
 
 
-def reached_nodes(index: QCGIndex, seeds: np.ndarray, hops: int, graph: Graph | None = None) -> np.ndarray:
-    """Q* of one query from its seeds, in breadth-first order (the seeds, then each hop's new nodes)."""
+def reached_nodes(
+    index: QCGIndex, seeds: np.ndarray, hops: int, graph: Graph | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Q* of one query from its seeds, in breadth-first order (the seeds, then each hop's new nodes),
+    and its size after 0, 1, ..., h hops."""
     from ..kernels import expand_cpu
 
     graph = graph if graph is not None else compact_graph(index)

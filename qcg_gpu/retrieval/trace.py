@@ -33,39 +33,25 @@ def trace_query(
     ``graph``: ``compact_graph(index)``, if made."""
     graph = graph if graph is not None else compact_graph(index)
     seeds = seed_ids[seed_ids >= 0]
-    reached = reached_nodes(index, seeds, hops, graph)
-    chunks, counts = np.unique(index.node_chunk[reached], return_counts=True)
-    nodes_per_chunk = dict(zip(chunks.tolist(), counts.tolist()))
+    reached, sizes = reached_nodes(index, seeds, hops, graph)
+    members: dict[int, list[int]] = {}  # chunk -> its nodes in Q*
+    for u in reached.tolist():
+        members.setdefault(int(index.node_chunk[u]), []).append(u)
     # rank every reached chunk, and no more: each insertion into the top-K buffer costs O(K)
-    chunk_ids, scores, _ = rank_from_seeds(index, query[None], seed_ids[None], hops, max(len(chunks), 1), graph)
+    chunk_ids, scores, _ = rank_from_seeds(index, query[None], seed_ids[None], hops, max(len(members), 1), graph)
     found = chunk_ids[0] >= 0
     expanded = reached[len(seeds) :]
     sims = index.node_embeddings[expanded].astype(np.float64) @ query.astype(np.float64)
-    members: dict[int, list[int]] = {}
-    for u in reached.tolist():
-        members.setdefault(int(index.node_chunk[u]), []).append(u)
     return {
         "seeds": [{"node_id": int(u), "sim": float(s)} for u, s in zip(seeds, seed_sims[: len(seeds)])],
         "expanded": expanded.tolist(),
         "expanded_sims": [round(float(s), 6) for s in sims],
-        "hop_sizes": _hop_sizes(index, seeds, len(expanded), hops),
+        "hop_sizes": np.diff(sizes).tolist(),
         "chunks": [
-            {"chunk_id": int(c), "score": float(v), "n_nodes": nodes_per_chunk[int(c)], "node_ids": members[int(c)]}
+            {"chunk_id": int(c), "score": float(v), "n_nodes": len(members[int(c)]), "node_ids": members[int(c)]}
             for c, v in zip(chunk_ids[0][found], scores[0][found])
         ],
     }
-
-
-def _hop_sizes(index: QCGIndex, seeds: np.ndarray, n_expanded: int, hops: int) -> list[int]:
-    """How many of the expanded nodes each hop added (breadth first, as ``reached_nodes`` orders them)."""
-    seen, frontier, sizes = set(seeds.tolist()), set(seeds.tolist()), []
-    indptr, indices = index.knn_indptr, index.knn_indices
-    for _ in range(hops):
-        frontier = {int(v) for u in frontier for v in indices[indptr[u] : indptr[u + 1]]} - seen
-        seen |= frontier
-        sizes.append(len(frontier))
-    assert sum(sizes) == n_expanded
-    return sizes
 
 
 def readable_traces(index: QCGIndex, traces: list[dict]) -> list[dict]:
