@@ -42,32 +42,42 @@ def _pct(value: float | None) -> str:
     return "–" if value is None or math.isnan(value) else f"{100 * value:.2f}"
 
 
-def markdown_tables(rows: list[dict], types: list[str]) -> str:
-    parts = []
+def _metric_tables(rows: list[dict], types: list[str]):
+    """Per metric: its title and each method's cells (method, overall, each type), as summary.md and
+    report.html show them."""
     for metric in metric_names(rows):
-        header = ["method", "overall"] + types
-        lines = [f"### {metric_title(metric)}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        for row in rows:
-            cells = [row["method"], _pct(row.get(metric))] + [_pct(row.get(f"{metric}_{t}")) for t in types]
-            lines.append("| " + " | ".join(cells) + " |")
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts)
+        names = [metric, *(f"{metric}_{t}" for t in types)]
+        yield metric_title(metric), [[row["method"], *(_pct(row.get(n)) for n in names)] for row in rows]
+
+
+def _difference_tables(differences: list[dict], metrics: list[str], types: list[str]):
+    """Per metric: its title and, per method, the comparison row of each cell (overall, each type; None
+    where none applies)."""
+    by_key = {(r["method"], r["metric"]): r for r in differences}
+    methods = list(dict.fromkeys(r["method"] for r in differences))
+    for metric in metrics:
+        names = [metric, *(f"{metric}_{t}" for t in types)]
+        yield metric_title(metric), [(method, [by_key.get((method, n)) for n in names]) for method in methods]
+
+
+def _markdown_table(title: str, header: list[str], cells: list[list[str]]) -> str:
+    lines = [title, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in cells])
+
+
+def markdown_tables(rows: list[dict], types: list[str]) -> str:
+    header = ["method", "overall", *types]
+    return "\n\n".join(_markdown_table(f"### {title}", header, cells) for title, cells in _metric_tables(rows, types))
 
 
 def comparison_tables(rows: list[dict], metrics: list[str], types: list[str]) -> str:
     """summary.md's differences from the baseline: per metric, each method's mean difference overall and per
     question type with its 95% interval, * where significant after Holm's adjustment."""
-    by_key = {(r["method"], r["metric"]): r for r in rows}
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    parts = []
-    for metric in metrics:
-        header = ["method", "overall", *types]
-        lines = [f"#### {metric_title(metric)}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        for method in methods:
-            names = [metric, *(f"{metric}_{t}" for t in types)]
-            lines.append("| " + " | ".join([method, *(_delta(by_key.get((method, n))) for n in names)]) + " |")
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts)
+    header = ["method", "overall", *types]
+    return "\n\n".join(
+        _markdown_table(f"#### {title}", header, [[method, *map(_delta, found)] for method, found in table])
+        for title, table in _difference_tables(rows, metrics, types)
+    )
 
 
 def _delta(row: dict | None) -> str:
@@ -388,40 +398,48 @@ def _settings_html(run: dict, records: list[dict], rows: list[dict]) -> str:
     )
 
 
+def _html_table(title: str, header: list[str], body: str) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    return f"<h3>{html.escape(title)}</h3><table><tr>{head}</tr>{body}</table>"
+
+
 def _tables_html(rows: list[dict], types: list[str]) -> str:
-    parts = []
-    for metric in metric_names(rows):
-        head = "".join(f"<th>{html.escape(h)}</th>" for h in ["method", "overall", *types])
-        names = [metric, *(f"{metric}_{t}" for t in types)]
-        body = "".join(
-            f"<tr><td>{html.escape(row['method'])}</td>"
-            + "".join(f"<td class='num'>{_pct(row.get(name))}</td>" for name in names)
-            + "</tr>"
-            for row in rows
+    header = ["method", "overall", *types]
+    return "\n".join(
+        _html_table(
+            title,
+            header,
+            "".join(
+                f"<tr><td>{html.escape(method)}</td>" + "".join(f"<td class='num'>{v}</td>" for v in values) + "</tr>"
+                for method, *values in cells
+            ),
         )
-        parts.append(f"<h3>{html.escape(metric_title(metric))}</h3><table><tr>{head}</tr>{body}</table>")
-    return "\n".join(parts)
+        for title, cells in _metric_tables(rows, types)
+    )
 
 
 def _differences_html(differences: list[dict], metrics: list[str], types: list[str]) -> str:
-    by_key = {(r["method"], r["metric"]): r for r in differences}
-    methods = list(dict.fromkeys(r["method"] for r in differences))
-    parts = []
-    for metric in metrics:
-        head = "".join(f"<th>{html.escape(h)}</th>" for h in ["method", "overall", *types])
-        body = ""
-        for method in methods:
-            cells = []
-            for name in [metric, *(f"{metric}_{t}" for t in types)]:
-                row = by_key.get((method, name))
-                marks = "num"
-                if row is not None and not math.isnan(row["delta"]):
-                    marks += " neg" if row["delta"] < 0 else ""
-                    marks += " sig" if row["p_adjusted"] < significance.ALPHA else ""
-                cells.append(f"<td class='{marks}'>{html.escape(_delta(row))}</td>")
-            body += f"<tr><td>{html.escape(method)}</td>{''.join(cells)}</tr>"
-        parts.append(f"<h3>{html.escape(metric_title(metric))}</h3><table><tr>{head}</tr>{body}</table>")
-    return "\n".join(parts)
+    header = ["method", "overall", *types]
+    return "\n".join(
+        _html_table(
+            title,
+            header,
+            "".join(
+                f"<tr><td>{html.escape(method)}</td>" + "".join(_difference_cell(row) for row in found) + "</tr>"
+                for method, found in table
+            ),
+        )
+        for title, table in _difference_tables(differences, metrics, types)
+    )
+
+
+def _difference_cell(row: dict | None) -> str:
+    """One difference, marked negative and significant (after Holm's adjustment) for the page's styles."""
+    marks = "num"
+    if row is not None and not math.isnan(row["delta"]):
+        marks += " neg" if row["delta"] < 0 else ""
+        marks += " sig" if row["p_adjusted"] < significance.ALPHA else ""
+    return f"<td class='{marks}'>{html.escape(_delta(row))}</td>"
 
 
 def _sweeps_html(run_dir: Path, names: list[str]) -> str:
