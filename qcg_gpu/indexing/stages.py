@@ -34,7 +34,7 @@ import pyarrow as pa
 from ..config import MACHINE_PATHS, IndexConfig, NodeConfig
 from ..embedding import Embedder
 from ..errors import QCGError
-from ..index_format import ANY_VERSION, ArrayParts, IndexWriter, plan_shards
+from ..index_format import ANY_VERSION, MANIFEST, ArrayParts, IndexWriter, plan_shards
 from ..log import logger, progress_bar
 from .chunking import Chunk, chunk_document, load_tokenizer
 from .doc2query_minus import keep_mask
@@ -348,7 +348,7 @@ def _stored_bytes(value) -> int:
 def _write_failure(out: Path, exc: OSError) -> QCGError:
     return QCGError(
         f"cannot write the index at {out} ({exc.strerror or exc}); nothing was published"
-        + ("; the previous version is still live" if (out / "manifest.json").exists() else "")
+        + ("; the previous version is still live" if (out / MANIFEST).exists() else "")
     )
 
 
