@@ -400,6 +400,25 @@ def test_auto_prefilter_takes_the_fastest_measured_gemm(monkeypatch, cpu, want):
         prefilter_kind(RetrievalConfig(backend="torch", prefilter="int8"))
 
 
+@pytest.mark.skipif(not WITH_TORCH, reason="the int8 GEMM is torch's")
+def test_auto_prefilter_keeps_float32_where_the_int8_gemm_is_not_exact(monkeypatch):
+    """A CPU whose int8 GEMM sums no node codes exactly (int8_node_code_max 0, simulated): auto takes the
+    float32 GEMM and retrieves, while an explicit --prefilter int8 is refused in one line."""
+    from qcg_gpu import capabilities
+    from qcg_gpu.retrieval import numpy_backend, retriever
+
+    monkeypatch.setattr(capabilities, "_cpuinfo", lambda: ("a CPU", frozenset(CPU_FLAGS["Zen 3 (AVX2)"])))
+    monkeypatch.setattr(retriever, "int8_node_code_max", lambda dim: 0)
+    monkeypatch.setattr(numpy_backend, "int8_node_code_max", lambda dim: 0)
+    index = random_index(5, 500, 32, 4, 50)
+    assert retriever.prefilter_kind(RetrievalConfig(backend="numpy"), dim=index.dim) is None
+    want = Retriever(index, RetrievalConfig(backend="numpy", prefilter="off")).search(index.node_embeddings[:20])
+    got = Retriever(index, RetrievalConfig(backend="numpy")).search(index.node_embeddings[:20])
+    assert np.array_equal(want.chunk_ids, got.chunk_ids) and np.array_equal(want.seed_sims, got.seed_sims)
+    with pytest.raises(QCGError, match="does not sum exactly; use --prefilter off"):
+        Retriever(index, RetrievalConfig(backend="numpy", prefilter="int8"))
+
+
 def test_query_checks():
     assert np.allclose(np.linalg.norm(check_queries(np.array([[3.0, 4.0]]), 2), axis=1), 1.0)
     assert np.allclose(check_queries(np.full((1, 4), 1e30), 4), 0.5)  # squares overflow float32: still normalised

@@ -18,6 +18,7 @@ from ..capabilities import (
     cpu_has_amx,
     cpu_has_int8_simd,
     default_device,
+    int8_node_code_max,
     require,
     with_cuda,
 )
@@ -42,10 +43,11 @@ def backend_name(config: RetrievalConfig) -> str:
     return "torch" if with_cuda() else "numpy"
 
 
-def prefilter_kind(config: RetrievalConfig, device: str = "cpu") -> str | None:
+def prefilter_kind(config: RetrievalConfig, device: str = "cpu", dim: int | None = None) -> str | None:
     """The GEMM precision that prefilters the seeds ("bf16", "int8") or None for the float32 GEMM.
     auto, the fastest measured (benchmarks/RESULTS.md): bf16 on CUDA GPUs from Ampere on and on
-    CPUs with AMX, int8 on other x86 CPUs (AVX2 on), the float32 GEMM elsewhere."""
+    CPUs with AMX, int8 on other x86 CPUs (AVX2 on) whose int8 GEMM sums ``dim`` products exactly
+    (``capabilities.int8_node_code_max``), the float32 GEMM elsewhere."""
     name = backend_name(config)
     if config.prefilter == "int8" and name != "numpy":
         raise QCGError("--prefilter int8 runs on the numpy backend (CPU); the torch backend takes off or bf16")
@@ -55,7 +57,9 @@ def prefilter_kind(config: RetrievalConfig, device: str = "cpu") -> str | None:
         return "bf16" if require("torch").cuda.get_device_capability(device)[0] >= 8 else None
     if name != "numpy" or not WITH_TORCH:
         return None
-    return "bf16" if cpu_has_amx() else "int8" if cpu_has_int8_simd() else None
+    if cpu_has_amx():
+        return "bf16"
+    return "int8" if cpu_has_int8_simd() and (dim is None or int8_node_code_max(dim) > 0) else None
 
 
 def make_backend(index: QCGIndex, config: RetrievalConfig, cluster=None) -> Backend:
@@ -64,7 +68,7 @@ def make_backend(index: QCGIndex, config: RetrievalConfig, cluster=None) -> Back
     if cluster is not None and ray_mode(cluster.config.ray_mode, index.manifest) == "shards":
         from .shard_backend import ray_owners
 
-        return ray_owners(cluster, index, prefilter_kind(dataclasses.replace(config, backend="numpy")))
+        return ray_owners(cluster, index, prefilter_kind(dataclasses.replace(config, backend="numpy"), dim=index.dim))
     if not index.nodes_loaded:
         raise QCGError(f"{index.path}: its node arrays were not loaded (QCGIndex.load(nodes=False))")
     if cluster is not None:
@@ -95,7 +99,7 @@ def local_backend(index: QCGIndex, config: RetrievalConfig) -> Backend:
     if name == "numpy":
         from .numpy_backend import NumpyBackend
 
-        return NumpyBackend(index, prefilter_kind(config))
+        return NumpyBackend(index, prefilter_kind(config, dim=index.dim))
     raise QCGError(f"unknown retrieval backend {name!r}")
 
 
