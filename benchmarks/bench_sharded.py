@@ -18,8 +18,9 @@ driver that loads no node array and W shard owners. Printed, one JSON line per (
 
 First, rows with ``"part": "knn"``: the exact kNN graph of --knn-nodes synthetic nodes built by a Ray
 task per node shard reading the shards' files (what a sharded ``--ray`` build runs), against
-``knn.knn_graph`` in one process: ``equal`` (every edge and score) and both times. (Exact kNN at 2M
-nodes is hours on 2 cores: O(N^2).) --nodes 0 runs this part alone.
+``knn.knn_graph`` in one process: ``equal`` (every edge and score) and both times; with
+--knn-probes P, the approximate (IVF) graph the same way, and its ``edge_recall`` against the exact
+one. (Exact kNN at 2M nodes is hours on 2 cores: O(N^2).) --nodes 0 runs this part alone.
 
     python benchmarks/bench_sharded.py --nodes 2000000 --workers 1 2 4
 """
@@ -201,9 +202,10 @@ def on_ray(path: Path, workers: int, queries: np.ndarray, config) -> dict:
         ray.shutdown()
 
 
-def knn_rows(root: Path, n: int, dim: int, shard_nodes: int, workers_list: list[int], k: int) -> None:
-    """The exact kNN graph of ``n`` synthetic nodes in shards: one process (``knn.knn_graph``) against
-    a Ray task per shard reading the shards' files (``distributed.knn_of_shards``), W workers each."""
+def knn_rows(root: Path, n: int, dim: int, shard_nodes: int, workers_list: list[int], k: int, probes) -> None:
+    """The kNN graph of ``n`` synthetic nodes in shards, exact and (``probes``) approximate: one process
+    (``knn.knn_graph``) against a Ray task per shard reading the shards' files (``distributed.knn_of_shards``),
+    W workers each; the approximate graph's edge recall against the exact one."""
     import ray
 
     from qcg_gpu.cluster import RayCluster
@@ -215,30 +217,36 @@ def knn_rows(root: Path, n: int, dim: int, shard_nodes: int, workers_list: list[
     path = root / f"knn{n}"
     write_synthetic(path, n, dim, shard_nodes, k)
     emb = np.asarray(load_array(path, "node_embeddings"))
-    start = time.perf_counter()
-    want = knn_graph(emb, k)
-    one_s = time.perf_counter() - start
     node_chunk = np.arange(n) // NODES_PER_CHUNK
-    for workers in workers_list:
-        writer = IndexWriter(root / f"knn{n}-w{workers}", plan_shards(node_chunk, int(node_chunk[-1]) + 1, shard_nodes))
-        writer.write_array("node_embeddings", emb)
-        ray.init(num_cpus=workers, include_dashboard=False, configure_logging=False, log_to_driver=False)
-        try:
-            cluster = RayCluster(RayConfig(ray=True, ray_workers=workers))
-            start = time.perf_counter()
-            knn_of_shards(cluster, writer, k, "auto", None)
-            seconds = time.perf_counter() - start
-        finally:
-            ray.shutdown()
-        got = [np.load(writer.data / s.file("knn_indices.npy")) for s in writer.shards]
-        scores = [np.load(writer.data / s.file("knn_scores.npy")) for s in writer.shards]
-        equal = np.array_equal(np.concatenate(got), want.indices) and np.array_equal(
-            np.concatenate(scores), want.scores
-        )
-        writer.abort()
-        row = {"part": "knn", "nodes": n, "workers": workers, "shards": len(writer.shards), "equal": bool(equal)}
-        row |= {"knn_seconds": round(seconds, 1), "one_process_knn_seconds": round(one_s, 1), "cpu": cpu_name()}
-        print(json.dumps(row), flush=True)
+    exact = None
+    for mode_probes in [None] + ([probes] if probes else []):
+        start = time.perf_counter()
+        want = knn_graph(emb, k, probes=mode_probes)
+        one_s = time.perf_counter() - start
+        exact = exact or want
+        for workers in workers_list:
+            shards = plan_shards(node_chunk, int(node_chunk[-1]) + 1, shard_nodes)
+            writer = IndexWriter(root / f"knn{n}-w{workers}", shards)
+            writer.write_array("node_embeddings", emb)
+            ray.init(num_cpus=workers, include_dashboard=False, configure_logging=False, log_to_driver=False)
+            try:
+                cluster = RayCluster(RayConfig(ray=True, ray_workers=workers))
+                start = time.perf_counter()
+                knn_of_shards(cluster, writer, k, "auto", None, mode_probes)
+                seconds = time.perf_counter() - start
+            finally:
+                ray.shutdown()
+            got = np.concatenate([np.load(writer.data / s.file("knn_indices.npy")) for s in writer.shards])
+            scores = np.concatenate([np.load(writer.data / s.file("knn_scores.npy")) for s in writer.shards])
+            equal = np.array_equal(got, want.indices) and np.array_equal(scores, want.scores)
+            writer.abort()
+            row = {"part": "knn", "knn": "exact" if mode_probes is None else "approximate", "probes": mode_probes}
+            row |= {"nodes": n, "workers": workers, "shards": len(shards), "equal": bool(equal)}
+            row |= {"knn_seconds": round(seconds, 1), "one_process_knn_seconds": round(one_s, 1)}
+            if mode_probes is not None:
+                found = (got.reshape(n, -1)[:, :, None] == exact.indices.reshape(n, -1)[:, None, :]).any(2)
+                row["edge_recall"] = round(float(found.mean()), 4)
+            print(json.dumps(row | {"cpu": cpu_name()}), flush=True)
 
 
 def main() -> None:
@@ -253,6 +261,7 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=None, help="where the indexes are written (default: a temp dir)")
     parser.add_argument("--knn-nodes", type=int, default=50_000, help="nodes of the exact kNN part (0: skip it)")
     parser.add_argument("--knn-shard-nodes", type=int, default=10_000)
+    parser.add_argument("--knn-probes", type=int, default=None, help="also the approximate graph, these lists a node")
     args = parser.parse_args()
 
     from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever
@@ -260,7 +269,7 @@ def main() -> None:
     config = RetrievalConfig(hops=args.hops, prefilter="off")
     root = Path(tempfile.mkdtemp(prefix="bench_sharded_", dir=args.root))
     if args.knn_nodes:
-        knn_rows(root, args.knn_nodes, args.dim, args.knn_shard_nodes, args.workers, args.k)
+        knn_rows(root, args.knn_nodes, args.dim, args.knn_shard_nodes, args.workers, args.k, args.knn_probes)
     if not any(args.nodes):
         return
     tiny = root / "tiny"

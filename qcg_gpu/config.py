@@ -290,13 +290,13 @@ class GraphConfig:
     )
     knn: str = option(
         "exact",
-        "kNN graph: exact (every pair compared: O(N^2), fine to ~1M nodes on a GPU) or approximate (faiss IVF "
-        "candidates ranked exactly: for a million nodes and more on CPU; may miss true edges, see "
-        "benchmarks/RESULTS.md). Updates (--add/--remove) search their rows exactly either way.",
+        "kNN graph: exact (every pair compared: O(N^2), fine to ~1M nodes on a GPU) or approximate (each node "
+        "against the members of its nearest k-means lists, ranked exactly: for a million nodes and more on CPU; "
+        "may miss true edges, see benchmarks/RESULTS.md). Updates (--add/--remove) search their rows exactly.",
         ("exact", "approximate"),
     )
     knn_probes: int = option(
-        16, "Approximate kNN: k-means lists (of ~4 sqrt(N)) searched per node (faiss nprobe); more finds more edges."
+        16, "Approximate kNN: k-means lists (of ~4 sqrt(N)) searched per node; more finds more edges."
     )
     shard_nodes: int | None = option(
         None,

@@ -223,11 +223,6 @@ def test_bad_config_files_are_refused_in_one_line(tmp_path, capsys, text, messag
     assert message in err and err.count("\n") == 1
 
 
-def test_an_approximate_graph_on_ray_is_refused_before_a_cluster_starts(capsys):
-    assert main(["index", "build", "docs", "out", "--knn", "approximate", "--ray"]) == 2
-    assert "--knn approximate builds its IVF graph in one process" in capsys.readouterr().err
-
-
 def test_init_writes_every_default(tmp_path, capsys):
     import dataclasses
 

@@ -83,3 +83,35 @@ def test_a_narrow_approximate_search_misses_edges_and_a_wide_one_finds_them():
     exact = knn_graph(emb, 2)
     narrow, wide = (edge_recall(knn_graph(emb, 2, probes=probes), exact) for probes in (1, 1000))
     assert narrow < 0.5 and wide == 1.0  # every list searched: the exact graph
+
+
+def brute_force_ivf(emb: np.ndarray, centroids: np.ndarray, k: int, probes: int):
+    """ivf's definition in plain Python: row i's k best among the nodes whose nearest centroid is one of
+    i's ``probes`` nearest (float64, ties by lower id); every other node when those are fewer than k."""
+    emb64, cent64 = emb.astype(np.float64), centroids.astype(np.float64)
+    probed = [[j for _, j in sorted((-float(x @ c), j) for j, c in enumerate(cent64))[:probes]] for x in emb64]
+    rows = []
+    for i in range(len(emb)):
+        members = [j for j in range(len(emb)) if j != i and probed[j][0] in probed[i]]
+        if len(members) < k:
+            members = [j for j in range(len(emb)) if j != i]
+        rows.append([j for _, j in sorted((-float(emb64[i] @ emb64[j]), j) for j in members)[:k]])
+    return rows
+
+
+@pytest.mark.parametrize("backend,device", BACKENDS)
+@pytest.mark.parametrize("k,probes", [(4, 1), (4, 3), (60, 1)])
+def test_the_approximate_graph_is_the_ivf_definition(backend, device, k, probes):
+    """Lists by exact nearest centroid, members of the probed lists ranked exactly, ties by lower id
+    (60 copies of one node), and rows whose lists hold fewer than k others (k = 60) ranked over all."""
+    from qcg_gpu.indexing.ivf import ivf_graph, list_count, train_centroids, training_rows
+
+    emb = unit_rows(np.random.default_rng(3), 400, 16)
+    emb[200:260] = emb[200]
+    centroids = train_centroids(emb[training_rows(400)], list_count(400))
+    ids, scores = ivf_graph(emb, k, probes, backend, device, centroids=centroids)
+    assert ids.tolist() == brute_force_ivf(emb, centroids, k, probes)
+    want = np.einsum(
+        "ij,ij->i", emb[np.repeat(np.arange(400), k)].astype(np.float64), emb[ids.ravel()].astype(np.float64)
+    )
+    np.testing.assert_array_equal(scores.ravel(), want.astype(np.float32))

@@ -264,26 +264,71 @@ def test_a_ray_build_writes_the_same_shards(whole_and_sharded, tmp_path, cluster
     assert_same_index(sharded, tmp_path / "ray")
 
 
+def test_an_approximate_graph_built_on_ray_equals_one_process(whole_and_sharded, tmp_path, cluster):
+    """--knn approximate --ray on an index of node shards: the IVF graph from a task per shard equals the
+    one-process build's, and it is not the exact graph (one list probed a node)."""
+    _, sharded = whole_and_sharded
+    docs = sharded.parent / "docs"
+    config = sentence_config(SHARD_NODES)
+    config.graph.knn, config.graph.knn_probes = "approximate", 1
+    build_index(docs, tmp_path / "one", config)
+    build_index(docs, tmp_path / "ray", config, cluster=cluster)
+    assert_same_index(tmp_path / "one", tmp_path / "ray")
+    assert not np.array_equal(load_array(tmp_path / "one", "knn_indices"), load_array(sharded, "knn_indices"))
+
+
+def write_node_shards(emb: np.ndarray, path: Path):
+    """``emb`` written as the node shards of an index (5 nodes a chunk, shards of <= 37 nodes)."""
+    from qcg_gpu.index_format import ArrayParts, IndexWriter
+
+    node_chunk = np.arange(len(emb)) // 5
+    writer = IndexWriter(path, plan_shards(node_chunk, int(node_chunk[-1]) + 1, 37))
+    writer.write_array("node_embeddings", ArrayParts(emb.shape, emb.dtype, [emb]))
+    return writer, {"shards": [s.to_dict() for s in writer.shards]}
+
+
+def node_embeddings(whole, data: str) -> np.ndarray:
+    emb = np.asarray(load_array(whole, "node_embeddings"))
+    return np.repeat(emb[::3], 3, axis=0) if data == "ties" else emb  # ties: each row's best edges tie
+
+
 @pytest.mark.parametrize("data", ["real", "ties"])
 def test_shard_by_shard_knn_equals_the_one_process_graph(whole_and_sharded, tmp_path, data):
     """knn.shard_rows (a task per shard on Ray) against knn.knn_graph on the same nodes: every edge and
     score equal, on real embeddings and on many exact duplicates (ties broken by lower id across shards)."""
-    from qcg_gpu.index_format import ArrayParts, IndexWriter
     from qcg_gpu.indexing.knn import knn_graph, shard_rows
 
-    whole, _ = whole_and_sharded
-    emb = np.asarray(load_array(whole, "node_embeddings"))
-    if data == "ties":  # every node three times over: each row's best edges are exact ties
-        emb = np.repeat(emb[::3], 3, axis=0)
-    node_chunk = np.arange(len(emb)) // 5
-    writer = IndexWriter(tmp_path / "index", plan_shards(node_chunk, int(node_chunk[-1]) + 1, 37))
-    writer.write_array("node_embeddings", ArrayParts(emb.shape, emb.dtype, [emb]))
-    layout = {"shards": [s.to_dict() for s in writer.shards]}
+    emb = node_embeddings(whole_and_sharded[0], data)
+    writer, layout = write_node_shards(emb, tmp_path / "index")
     want = knn_graph(emb, 4)
     rows = [shard_rows(str(writer.data), layout, s, 4) for s in range(len(writer.shards))]
     writer.abort()
     assert np.array_equal(np.concatenate([r[1] for r in rows]), want.indices)
     assert np.array_equal(np.concatenate([r[2] for r in rows]), want.scores)
+
+
+@pytest.mark.parametrize("data", ["real", "ties"])
+@pytest.mark.parametrize("k", [4, 40])
+def test_shard_by_shard_ivf_equals_the_one_process_approximate_graph(whole_and_sharded, tmp_path, data, k):
+    """ivf's three passes over shard files (centroids from every shard's training rows, each shard's lists,
+    each shard's rows against every shard's members) against ivf_graph of all nodes: equal edge for edge,
+    with lists that miss true edges, and (k = 40) rows whose probed lists hold fewer than k nodes."""
+    from qcg_gpu.indexing import ivf
+    from qcg_gpu.indexing.knn import knn_graph
+
+    emb = node_embeddings(whole_and_sharded[0], data)
+    writer, layout = write_node_shards(emb, tmp_path / "index")
+    data_path, shards = str(writer.data), range(len(writer.shards))
+    centroids = ivf.centroids_of_shards(data_path, layout)
+    trained_whole = ivf.train_centroids(emb[ivf.training_rows(len(emb))], ivf.list_count(len(emb)))
+    assert np.array_equal(centroids, trained_whole) and len(centroids) > 2
+    lists = [ivf.shard_lists(data_path, layout, s, centroids, 1) for s in shards]
+    rows = [ivf.shard_rows(data_path, layout, s, k, lists[s][0], lambda i: lists[i][1]) for s in shards]
+    writer.abort()
+    want_ids, want_scores = ivf.ivf_graph(emb, k, 1, centroids=centroids)
+    assert np.array_equal(np.concatenate([r[1] for r in rows]), want_ids.ravel())
+    assert np.array_equal(np.concatenate([r[2] for r in rows]), want_scores.ravel())
+    assert not np.array_equal(want_ids.ravel(), knn_graph(emb, k).indices)  # one list a node misses edges
 
 
 def test_an_index_derived_in_memory_is_not_taken_for_its_shards(whole_and_sharded):

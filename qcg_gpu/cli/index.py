@@ -12,7 +12,7 @@ import os
 
 from ..config import IndexConfig
 from ..errors import QCGError
-from .options import add_options, add_output_options, add_ray_options, ray_cluster, ray_config, resolve
+from .options import add_options, add_output_options, add_ray_options, ray_cluster, resolve
 
 ACTIONS = ("build", "add", "remove", "retry", "plan")
 INPUT_HELP = (
@@ -132,11 +132,8 @@ def build_config(args) -> IndexConfig:
 
 def run_build(args) -> int:
     from ..indexing.pipeline import build_index
-    from ..indexing.stages import check_cluster_graph
 
     config = build_config(args).validate()  # refuse bad settings before starting a cluster
-    if ray_config(args).ray:
-        check_cluster_graph(config)
     summary = build_index(args.input, args.out, config, overwrite=args.overwrite, cluster=ray_cluster(args))
     print(summary.format())
     return 3 if summary.failed_chunks else 0

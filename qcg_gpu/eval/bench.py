@@ -32,7 +32,8 @@ import numpy as np
 from ..capabilities import cpu_kind, require
 from ..config import IndexConfig, RetrievalConfig, option
 from ..errors import QCGError
-from ..indexing.knn import degree, exact_rows, knn_graph
+from ..indexing.knn import exact_rows, knn_graph
+from ..indexing.ranking import degree
 from ..retrieval import QCGIndex, Retriever, numpy_backend, seed_threshold
 from ..retrieval.result import tile_rows
 from ..retrieval.retriever import prefilter_kind

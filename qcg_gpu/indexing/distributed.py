@@ -13,7 +13,9 @@ over the pieces here); ``--add`` uses them on its new chunks directly.
 * Embedding: one embedder per worker, kept for the whole build: each takes whole shards
   (``sharded._ShardWorker``) or, for ``--add``, blocks of batches (:class:`RayEmbedder`).
 * kNN graph (:func:`knn_graph_of_parts`): row blocks searched and ranked exactly by
-  tasks over the embeddings in Ray's shared-memory object store, then concatenated.
+  tasks over the embeddings in Ray's shared-memory object store, then concatenated; of an index
+  stored as node shards, a task per shard over the shards' files (:func:`knn_of_shards`, exact or
+  IVF).
 * Retrieval (``retrieval/ray_backend.py``): each worker holds the index (through the
   object store, zero-copy), the queries are split in order and the results put back together.
 
@@ -50,7 +52,9 @@ from ..llm.backends import (
 )
 from ..log import engine_log_level, progress_bar, quiet
 from ..models import DEFAULT_EMBEDDER, DEFAULT_LLM, resolve_model
-from .knn import KnnGraph, degree, exact_rows, shard_rows
+from . import ivf
+from .knn import KnnGraph, exact_rows, knn_graph, shard_rows
+from .ranking import degree
 
 EMBED_BLOCK_BATCHES = 8  # embedder batches per block sent to one worker
 
@@ -61,17 +65,21 @@ def ray_llm(cluster: RayCluster, config: GenerationConfig) -> RayLLM:
 
 
 def knn_graph_of_parts(
-    cluster: RayCluster, parts: list, n: int, k: int, backend: str = "auto", device: str | None = None
+    cluster: RayCluster, parts: list, n: int, k: int, backend: str = "auto", device: str | None = None, probes=None
 ) -> KnnGraph:
     """:func:`knn.knn_graph` of ``n`` rows given as ``parts`` (object refs of float32 row blocks,
-    in order, made by the workers), its row blocks searched and ranked by Ray tasks. A task joins
-    the parts in the object store: this process never holds them."""
+    in order, made by the workers), its row blocks searched and ranked by Ray tasks (an approximate
+    graph, ``probes``: by one task). A task joins the parts in the object store: this process never
+    holds them."""
     k_eff = degree(k, n)
     if k_eff == 0:
         return KnnGraph.from_rows(np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32))
     cluster.release()
     ray = cluster.ray
     shared = ray.remote(_concatenate).remote(*parts)
+    if probes is not None:  # its lists span every row; a sharded index splits it (knn_of_shards)
+        graph_task = ray.remote(**cluster.worker_resources)(knn_graph)
+        return cluster.gather([graph_task.remote(shared, k, backend, device, probes)], "kNN")[0]
     blocks = [b for b in np.array_split(np.arange(n), cluster.workers * 4) if len(b)]
     task = ray.remote(**cluster.worker_resources)(_knn_rows)
     futures = [task.remote(shared, int(b[0]), int(b[-1]) + 1, k_eff, backend, device) for b in blocks]
@@ -79,16 +87,28 @@ def knn_graph_of_parts(
     return KnnGraph.from_rows(np.concatenate([ids for ids, _ in rows]), np.concatenate([s for _, s in rows]))
 
 
-def knn_of_shards(cluster: RayCluster, writer: IndexWriter, k: int, backend: str, device: str | None) -> None:
-    """The exact kNN graph of a sharded index being written: one Ray task per node shard
-    (:func:`knn.shard_rows`) reads the shards' embeddings from the writer's files, one at a time, and
-    each shard's rows are written as they come back (the driver holds one shard's rows at a time).
-    The workers read the files where the writer writes them: a shared file system on several nodes."""
+def knn_of_shards(cluster: RayCluster, writer: IndexWriter, k: int, backend: str, device, probes=None) -> None:
+    """The kNN graph of a sharded index being written: one Ray task per node shard reads the shards'
+    embeddings from the writer's files, one at a time, and each shard's rows are written as they come
+    back (the driver holds one shard's rows at a time). Exact (:func:`knn.shard_rows`) or, with
+    ``probes``, approximate (:mod:`ivf`): one task trains the centroids on every shard's training
+    rows, a task per shard finds its nodes' lists, then a task per shard ranks its rows against the
+    members of every shard. The workers read the files where the writer writes them: a shared file
+    system on several nodes."""
     assert writer.shards is not None
     cluster.release()
+    ray, data, shards = cluster.ray, str(writer.data), range(len(writer.shards))
     layout = {"shards": [s.to_dict() for s in writer.shards]}
-    task = cluster.ray.remote(**cluster.worker_resources)(shard_rows)
-    pending = {task.remote(str(writer.data), layout, i, k, backend, device): i for i in range(len(writer.shards))}
+    if probes is None:
+        task = ray.remote(**cluster.worker_resources)(shard_rows)
+        pending = {task.remote(data, layout, i, k, backend, device): i for i in shards}
+    else:
+        centroids = ray.remote(**cluster.worker_resources)(ivf.centroids_of_shards).remote(data, layout)
+        lists_task = ray.remote(num_returns=2, **cluster.worker_resources)(ivf.shard_lists)
+        lists = [lists_task.remote(data, layout, i, centroids, probes, backend, device) for i in shards]
+        own_lists = [own for _, own in lists]  # in a list: each task fetches them one shard at a time
+        task = ray.remote(**cluster.worker_resources)(_ivf_shard_rows)
+        pending = {task.remote(data, layout, i, k, lists[i][0], own_lists, backend, device): i for i in shards}
     with progress_bar(total=len(pending), desc="kNN shards", unit="shard") as bar:
         while pending:
             [done], _ = cluster.ray.wait(list(pending), num_returns=1)
@@ -102,6 +122,12 @@ def _concatenate(*parts: np.ndarray) -> np.ndarray:
 
 def _knn_rows(emb: np.ndarray, start: int, stop: int, k: int, backend: str, device: str | None):
     return exact_rows(emb, np.arange(start, stop), k, backend, device)
+
+
+def _ivf_shard_rows(data: str, layout: dict, shard: int, k: int, lists, own_lists: list, backend: str, device):
+    import ray
+
+    return ivf.shard_rows(data, layout, shard, k, lists, lambda i: ray.get(own_lists[i]), backend, device)
 
 
 # ---- generation: one streaming engine per worker (per tensor x pipeline parallel group on GPUs) ----

@@ -4,11 +4,11 @@ Row i holds the ``k`` nearest *other* nodes of node i by inner product (the
 embeddings are unit vectors, so this is cosine), best first, ties by lower
 node id. Two steps:
 
-1. candidates: the ``k + 1 + CANDIDATE_MARGIN`` best of each row, from faiss
+1. candidates: the ``k + 1 + CANDIDATE_MARGIN`` best of each row (:mod:`ranking`), from faiss
    (GPU index when faiss sees a GPU) or a tiled torch matmul + topk (CUDA when
    present, which is also the GPU path without faiss-gpu);
-2. exact ranking: the candidates are rescored in float64 here, the same way
-   whatever found them, and sorted by (score desc, id asc). A row whose k-th
+2. exact ranking: the candidates are rescored in float64 (``kernels/pair_dots``), the same
+   way whatever found them, and sorted by (score desc, id asc). A row whose k-th
    score ties the last candidate's is ranked against all nodes, so ties are
    broken by id even when the candidate cut fell inside a tie.
 
@@ -16,11 +16,10 @@ So faiss, torch CPU and torch CUDA give the same graph. :func:`add_nodes` and
 :func:`remove_nodes` update a graph to the one a rebuild would give, searching only the rows
 an update can change (incremental indexing).
 
-Exact search is O(N^2). Past a million nodes on CPU, ``probes`` swaps step 1 for a faiss IVF
-search (:func:`ivf_candidates`: each node compared with the nodes of its ``probes`` nearest
-k-means lists only): step 2 still ranks what it finds exactly, but a true neighbour it misses is
-missed (edge recall: ``qcg bench --parts knn``). Updates of such a graph
-search their rows exactly, so the rows an update touches become exact and the rest stay as built.
+Exact search is O(N^2). Past a million nodes on CPU, ``probes`` gives the approximate graph of
+:mod:`ivf` instead (each node compared with the members of its ``probes`` nearest k-means lists,
+scored with the same arithmetic). Updates of such a graph search their rows exactly, so the rows an
+update touches become exact and the rest stay as built.
 """
 
 from __future__ import annotations
@@ -29,14 +28,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..capabilities import WITH_FAISS, default_device, faiss_gpus, ieee_float32_matmul, require
-from ..errors import QCGError
+from ..index_format import index_shards
 from ..log import progress_bar
+from .ivf import ivf_graph
+from .ranking import (
+    best_over_shards,
+    csr_of_rows,
+    degree,
+    pair_scores,
+    read_node_embeddings,
+    search_candidates,
+    search_width,
+)
 
-CANDIDATE_MARGIN = 8
-IVF_TRAIN_PER_LIST = 39  # faiss' minimum of training points per k-means centroid
 RERANK_TILE_ROWS = 2048
-SIMILARITY_TILE_ELEMENTS = 1 << 28  # 1 GiB of float32 similarities per tile
 
 
 @dataclass
@@ -56,16 +61,6 @@ class KnnGraph:
         return cls(np.arange(n + 1, dtype=np.int64) * k, ids.reshape(-1), scores.reshape(-1))
 
 
-def degree(k: int, n: int) -> int:
-    """Edges per row: k, or every other node when there are fewer."""
-    return min(k, n - 1) if n > 1 else 0
-
-
-def search_width(k: int, n: int) -> int:
-    """Candidates searched per row: k + self + a margin for the float32 search's order errors."""
-    return min(n, k + 1 + CANDIDATE_MARGIN)
-
-
 def knn_graph(
     embeddings: np.ndarray, k: int, backend: str = "auto", device: str | None = None, probes: int | None = None
 ) -> KnnGraph:
@@ -76,10 +71,9 @@ def knn_graph(
     k_eff = degree(k, n)
     if k_eff == 0:
         return KnnGraph.from_rows(np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32))
-    if probes is None:
-        candidates = search_candidates(emb, emb, search_width(k_eff, n), backend, device)
-    else:
-        candidates = ivf_candidates(emb, search_width(k_eff, n), probes)
+    if probes is not None:
+        return KnnGraph.from_rows(*ivf_graph(emb, k_eff, probes, backend, device))
+    candidates = search_candidates(emb, emb, search_width(k_eff, n), backend, device)
     return KnnGraph.from_rows(*rank_candidates(emb, candidates, k_eff))
 
 
@@ -148,71 +142,6 @@ def exact_rows(
     return rank_candidates(emb, candidates, k, rows=rows)
 
 
-def search_candidates(
-    queries: np.ndarray, base: np.ndarray, width: int, backend: str = "auto", device: str | None = None
-) -> np.ndarray:
-    """The ``width`` nodes of ``base`` most similar to each query, by a float32 search (ranked exactly later)."""
-    if backend == "auto":
-        backend = "faiss" if WITH_FAISS else "torch"
-    if backend == "faiss":
-        return faiss_candidates(queries, base, width)
-    if backend == "torch":
-        return torch_candidates(queries, base, width, device or default_device())
-    raise QCGError(f"unknown kNN backend {backend!r} (choose faiss, torch or auto)")
-
-
-def faiss_candidates(queries: np.ndarray, base: np.ndarray, width: int) -> np.ndarray:
-    faiss = require("faiss")
-    index = faiss.IndexFlatIP(base.shape[1])
-    if faiss_gpus() > 0:
-        index = faiss.index_cpu_to_all_gpus(index)
-    index.add(np.ascontiguousarray(base))
-    _, ids = index.search(np.ascontiguousarray(queries), width)
-    return ids.astype(np.int64)
-
-
-def ivf_candidates(emb: np.ndarray, width: int, probes: int) -> np.ndarray:
-    """The ``width`` nodes nearest to each node among those of its ``probes`` nearest inverted lists
-    (a faiss IVF-Flat index: ~4 sqrt(N) lists, k-means on a fixed sample); -1 where fewer are found."""
-    faiss = require("faiss")
-    n, dim = emb.shape
-    lists = int(max(1, min(4 * np.sqrt(n), n // IVF_TRAIN_PER_LIST)))
-    index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, lists, faiss.METRIC_INNER_PRODUCT)
-    sample = np.random.default_rng(0).choice(n, min(n, lists * 64), replace=False)
-    index.train(emb[np.sort(sample)])
-    index.nprobe = min(probes, lists)
-    ids = np.empty((n, width), np.int64)
-    block = 65536
-    with progress_bar(total=2 * n, desc="IVF kNN", unit="node", disable=n <= block) as bar:
-        for start in range(0, n, block):  # in blocks: the bar moves during a long build
-            index.add(emb[start : start + block])
-            bar.update(min(block, n - start))
-        for start in range(0, n, block):
-            ids[start : start + block] = index.search(emb[start : start + block], width)[1]
-            bar.update(min(block, n - start))
-    return ids
-
-
-def torch_candidates(queries: np.ndarray, base: np.ndarray, width: int, device: str) -> np.ndarray:
-    torch = require("torch")
-    x, q = (
-        torch.from_numpy(np.ascontiguousarray(base)).to(device),
-        torch.from_numpy(np.ascontiguousarray(queries)).to(device),
-    )
-    rows = max(1, min(4096, SIMILARITY_TILE_ELEMENTS // max(len(base), 1)))
-    out = []
-    with torch.inference_mode(), ieee_float32_matmul():  # TF32 would blur the candidates the exact ranking gets
-        for start in progress_bar(range(0, len(q), rows), desc="kNN search", unit="tile", disable=len(q) <= rows):
-            sims = q[start : start + rows] @ x.T
-            out.append(sims.topk(width, dim=1).indices.cpu())
-    return torch.cat(out).numpy().astype(np.int64)
-
-
-def pair_scores(emb: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """float64 inner products emb[rows[i]] . emb[cols[i]], computed one way for every caller."""
-    return np.einsum("ij,ij->i", emb[rows].astype(np.float64), emb[cols].astype(np.float64))
-
-
 def _best_first(ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
     """Per row, the column order that sorts by score desc, then id asc."""
     by_id = np.argsort(ids, axis=1, kind="stable")
@@ -266,63 +195,9 @@ def _rank_row_fully(emb: np.ndarray, row: int, k: int) -> tuple[np.ndarray, np.n
 def shard_rows(data: str, layout: dict, shard: int, k: int, backend: str = "auto", device: str | None = None):
     """The exact kNN rows of node shard ``shard`` (its CSR: indptr from 0, global ids, float32 scores),
     its nodes compared with every shard's, one shard read from ``data`` at a time: the task holds two
-    shards of embeddings at most. Equal to those rows of :func:`knn_graph` of every node: each shard
-    gives its k best by exact score (:func:`_best_in`), and the merge keeps the k best of those."""
-    from ..index_format import index_shards, read_shard_rows
-
+    shards of embeddings at most. Equal to those rows of :func:`knn_graph` of every node."""
     shards = index_shards(layout)
-    mine = shards[shard]
-    rows = read_shard_rows(data, layout, [mine], "node_embeddings", verify=False).astype(np.float32, copy=False)
-    row_ids = np.arange(*mine.nodes, dtype=np.int64)
-    n = shards[-1].nodes[1]
-    k_eff = degree(k, n)
-    ids = np.full((len(rows), k_eff), n, np.int64)
-    scores = np.full((len(rows), k_eff), -np.inf)
-    for other in shards:
-        base = rows if other is mine else read_shard_rows(data, layout, [other], "node_embeddings", verify=False)
-        found, found_scores = _best_in(
-            rows, row_ids, np.asarray(base, np.float32), other.nodes[0], k_eff, backend, device
-        )
-        ids, scores = _merge_best(ids, scores, found, found_scores, k_eff)
-    return np.arange(len(rows) + 1, dtype=np.int64) * k_eff, ids.reshape(-1), scores.astype(np.float32).reshape(-1)
-
-
-def _best_in(rows, row_ids, base, first: int, k: int, backend: str, device: str | None):
-    """Each row's k best nodes of ``base`` (ids from ``first``) but itself, by exact float64 score, ties
-    by lower id: :func:`rank_candidates`'s rule over one block (candidates from a float32 search, a row
-    whose k-th score ties its weakest candidate ranked over the whole block). Padded with id N, -inf."""
-    width = min(len(base), k + 1 + CANDIDATE_MARGIN)
-    local = search_candidates(rows, base, width, backend, device)
-    cand = np.where(local >= 0, local + first, -1)
-    valid = (local >= 0) & (cand != row_ids[:, None])
-    scores = _cross_scores(rows, base, np.repeat(np.arange(len(rows)), width), np.where(valid, local, 0).reshape(-1))
-    scores = np.where(valid, scores.reshape(cand.shape), -np.inf)
-    weakest = np.where(valid, scores, np.inf).min(axis=1)
-    pad = np.iinfo(np.int64).max
-    order = np.lexsort((np.where(valid, cand, pad), -scores), axis=-1)
-    cand, scores = np.take_along_axis(cand, order, 1), np.take_along_axis(scores, order, 1)
-    kth = scores[:, min(k, width) - 1]
-    for r in np.flatnonzero((kth <= weakest) & (width < len(base))):  # a tie may go on past the candidates
-        all_scores = _cross_scores(rows, base, np.full(len(base), r), np.arange(len(base)))
-        others = np.arange(first, first + len(base))
-        keep = others != row_ids[r]
-        best = np.lexsort((others[keep], -all_scores[keep]))[:width]
-        cand[r], scores[r] = others[keep][best], all_scores[keep][best]
-    cand = np.where(np.isfinite(scores), cand, pad)
-    if width < k:
-        extra = k - width
-        cand = np.pad(cand, ((0, 0), (0, extra)), constant_values=pad)
-        scores = np.pad(scores, ((0, 0), (0, extra)), constant_values=-np.inf)
-    return cand[:, :k], scores[:, :k]
-
-
-def _merge_best(ids, scores, more_ids, more_scores, k: int):
-    """Per row, the k best of two ranked lists by (score desc, id asc)."""
-    both_ids, both_scores = np.concatenate([ids, more_ids], 1), np.concatenate([scores, more_scores], 1)
-    order = np.lexsort((both_ids, -both_scores), axis=-1)[:, :k]
-    return np.take_along_axis(both_ids, order, 1), np.take_along_axis(both_scores, order, 1)
-
-
-def _cross_scores(a: np.ndarray, b: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """float64 inner products a[rows[i]] . b[cols[i]], computed as :func:`pair_scores` computes them."""
-    return np.einsum("ij,ij->i", a[rows].astype(np.float64), b[cols].astype(np.float64))
+    rows = read_node_embeddings(data, layout, shards[shard])
+    k_eff = degree(k, shards[-1].nodes[1])
+    ids, scores = best_over_shards(data, layout, rows, np.arange(*shards[shard].nodes), k_eff, backend, device, shard)
+    return csr_of_rows(ids, scores)

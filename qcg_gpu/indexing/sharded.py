@@ -46,12 +46,11 @@ from .chunking import Chunk
 from .distributed import EmbedWorker, knn_graph_of_parts, knn_of_shards, ray_llm
 from .documents import SkipLog
 from .generation import Doc2QueryRun
-from .knn import degree
+from .ranking import degree
 from .stages import (
     IndexSummary,
     Pairs,
     build_manifest,
-    check_cluster_graph,
     embed_and_select,
     index_tables,
     iter_chunks,
@@ -65,7 +64,6 @@ def build_on_cluster(
     input_path, out: Path, config: IndexConfig, cluster: RayCluster, llm=None, summary: IndexSummary | None = None
 ) -> IndexSummary:
     """:func:`pipeline.build_index` on ``cluster``, shard by shard (see the module's docstring)."""
-    check_cluster_graph(config)
     summary = summary or IndexSummary(out=out)
     staging = Staging(out.with_name(f".{out.name}.shards-{uuid.uuid4().hex[:12]}"))
     try:
@@ -104,12 +102,20 @@ def _graph(
 
         def from_shards(writer: IndexWriter) -> None:
             with stage(summary, "knn"):
-                knn_of_shards(cluster, writer, settings.knn_k, settings.knn_backend, config.nodes.device)
+                knn_of_shards(
+                    cluster, writer, settings.knn_k, settings.knn_backend, config.nodes.device, settings.probes()
+                )
 
         return from_shards
     with stage(summary, "knn"):
         graph = knn_graph_of_parts(
-            cluster, node_embeddings, summary.nodes, settings.knn_k, settings.knn_backend, config.nodes.device
+            cluster,
+            node_embeddings,
+            summary.nodes,
+            settings.knn_k,
+            settings.knn_backend,
+            config.nodes.device,
+            settings.probes(),
         )
     summary.edges = len(graph.indices)
     return graph

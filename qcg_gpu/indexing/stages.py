@@ -231,12 +231,6 @@ def build_nodes(
     return nodes, embedder.encode(nodes.text, "nodes")
 
 
-def check_cluster_graph(config: IndexConfig) -> None:
-    """A Ray cluster builds exact graphs only (checked before any model loads)."""
-    if config.graph.knn == "approximate":
-        raise QCGError("--knn approximate builds its IVF graph in one process; drop --ray or use --knn exact")
-
-
 def build_graph(node_embeddings: np.ndarray, config: IndexConfig) -> KnnGraph:
     """The kNN graph of the nodes, in this process (a Ray build: ``sharded.build_on_cluster``)."""
     graph = config.graph
