@@ -520,6 +520,12 @@ class EvalConfig:
     def sweep_list(self) -> list[str]:
         return _names(self.sweeps, SWEEPS, "sweep") if self.sweeps.strip() else []
 
+    def whole_index_work(self) -> list[str]:
+        """The methods and sweeps that derive an index from every node in this process (node-text
+        ablations, kNN degree and alpha sweeps): what a driver holding no node array cannot run."""
+        sweeps = [s for s in self.sweep_list() if any(k in INDEX_PARAMETERS for k in SWEEPS[s][0])]
+        return [m for m in self.method_list() if m in ABLATIONS] + [f"--sweeps {s}" for s in sweeps]
+
     def select(self, questions: list) -> list:
         """The first ``limit_per_type`` questions of each type (all without a limit)."""
         limit = self.validate().limit_per_type

@@ -341,3 +341,34 @@ def test_an_index_derived_in_memory_is_not_taken_for_its_shards(whole_and_sharde
     derived = derive_index(QCGIndex.load(sharded), knn_k=3)
     assert derived.shards == [] and ray_mode("shards", derived.manifest) == "queries"
     assert ray_mode("auto", read_manifest(sharded)) == "shards"
+
+
+def test_eval_on_ray_over_shards_equals_one_process(whole_and_sharded, tmp_path, cli, cluster, monkeypatch):
+    """qcg eval --ray on an index of node shards: the driver loads no node array, QCG retrieves shard by
+    shard (its hops sweep too) and the baseline in the driver; every record equals the one-process run's.
+    Work that derives an index from every node is refused in one line."""
+    from .test_eval import QUESTIONS
+
+    whole, sharded = whole_and_sharded
+    cluster.release()  # the command makes its own RayCluster in this process: it needs the workers' CPUs
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    args = ("eval", "--dataset", "jsonl", "--data", questions, "--no-answers", "--quiet", "--methods", "naive,qcg")
+    one = cli(*args, "--sweeps", "hops", "--index", whole, "--out", tmp_path / "one")
+    assert one.returncode == 0, one.stderr[-2000:]
+    loads = []
+    real_load = QCGIndex.load.__func__
+    monkeypatch.setattr(
+        QCGIndex, "load", classmethod(lambda cls, *a, **kw: loads.append(kw) or real_load(cls, *a, **kw))
+    )
+    on_ray = cli(*args, "--sweeps", "hops", "--index", sharded, "--out", tmp_path / "ray", "--ray")
+    assert on_ray.returncode == 0, on_ray.stderr[-2000:]
+    assert loads and all(kw.get("nodes") is False for kw in loads), loads  # the driver holds no node array
+    for name in ("results.jsonl", "sweep_hops.csv"):
+        assert (tmp_path / "ray" / name).read_text() == (tmp_path / "one" / name).read_text(), name
+    assert (tmp_path / "ray" / "report.html").is_file()
+    refused = cli(
+        *args, "--methods", "qcg,qcg-sentence", "--sweeps", "knn", "--index", sharded, "--out", tmp_path, "--ray"
+    )
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "qcg-sentence, --sweeps knn derive an index from every node in this process" in refused.stderr

@@ -22,6 +22,7 @@ from .options import (
     add_retrieval_options,
     answering_llm,
     ray_cluster,
+    ray_config,
     resolve,
     retrieval_config,
 )
@@ -81,7 +82,6 @@ class EvalRun:
 def run(args) -> int:
     from ..eval.datasets import load_dataset
     from ..eval.harness import check_evidence
-    from ..retrieval import QCGIndex
 
     config = resolve(EvalConfig(), args).validate()  # refuse unknown names before loading anything
     _check_output_dir(args.out)
@@ -92,9 +92,9 @@ def run(args) -> int:
     compare_paths = dict(_labelled(args.compare_index))
     evalset = load_dataset(args.dataset, args.data)
     evalset.questions = config.select(evalset.questions)
-    index = QCGIndex.load(args.index, verify=not args.no_verify)
+    index = _load_index(args, config, args.index)
     evalset.problems += check_evidence(index, evalset, config.allow_missing_evidence)
-    compared = {label: QCGIndex.load(path, verify=not args.no_verify) for label, path in compare_paths.items()}
+    compared = {label: _load_index(args, config, path) for label, path in compare_paths.items()}
     for label, other in compared.items():
         evalset.problems += [f"[{label}] {p}" for p in check_evidence(other, evalset, config.allow_missing_evidence)]
     job = EvalRun(config, index, compared, evalset, retrieval, answer_config, ray_cluster(args))
@@ -108,6 +108,24 @@ def run(args) -> int:
         return _evaluate(args, job)
     finally:
         store.close()  # --answers-out holds every reply so far, whatever happened
+
+
+def _load_index(args, config: EvalConfig, path: str):
+    """The index at ``path``; without its node arrays where --ray retrieves shard by shard (``--ray-mode
+    shards``, the default on an index of node shards): the workers hold them. Work that needs every node
+    in this process is refused then."""
+    from ..index_format import read_manifest
+    from ..retrieval import QCGIndex
+    from ..retrieval.retriever import ray_mode
+
+    ray = ray_config(args)
+    shards = ray.ray and ray_mode(ray.ray_mode, read_manifest(path)) == "shards"
+    if shards and config.whole_index_work():
+        raise QCGError(
+            f"{', '.join(config.whole_index_work())} derive an index from every node in this process, which --ray "
+            "over node shards does not hold; run them without --ray or with --ray-mode queries"
+        )
+    return QCGIndex.load(path, verify=not args.no_verify, nodes=not shards)
 
 
 def _evaluate(args, job: EvalRun) -> int:

@@ -94,8 +94,10 @@ class Harness:
             logger.info(f"method {method}")
             result = self.retrieve(method, self.index, self.retrieval)
             records += self.score_retrieval(method, result)
-            if method == "qcg":
+            if method == "qcg" and self.index.nodes_loaded:
                 traces = self.traces(result)
+            elif method == "qcg":
+                logger.info("no QCG traces: the node arrays are on the Ray workers (--ray-mode queries records them)")
         if config.answers:
             self.score_answers(records, config.judge)
         sweeps = {name: self.sweep(name, config) for name in config.sweep_list()}
