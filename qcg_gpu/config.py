@@ -444,7 +444,7 @@ class AnswerConfig:
 BASELINES = ("naive", "d2q", "d2q-minus")  # naive RAG over chunk embeddings (METHOD.md, "Baselines")
 ABLATIONS = ("qcg-qa", "qcg-q", "qcg-a", "qcg-sentence")  # QCG with other node texts (the paper's ablation)
 EVAL_METHODS = BASELINES + ("qcg",) + ABLATIONS
-SWEEPS = {  # name -> the points of the paper's figures
+SWEEPS: dict[str, list[dict[str, float]]] = {  # name -> the points of the paper's figures
     "hops": [{"hops": h} for h in (0, 1, 2)],
     "knn": [{"knn_k": k} for k in (1, 2, 3, 4, 5)],
     "seeds": [{"gamma": g, "n": n} for g in (1.0, 1.5) for n in (5, 10, 15, 20)],

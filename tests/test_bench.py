@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from qcg_gpu.cli import main
-from qcg_gpu.config import RetrievalConfig
+from qcg_gpu.config import IndexConfig, RetrievalConfig
 from qcg_gpu.eval import bench
 from qcg_gpu.eval.bench import BenchConfig
 from qcg_gpu.retrieval import Retriever, seed_threshold
@@ -94,8 +94,30 @@ def test_bad_bench_options_are_refused_in_one_line(argv, message, capsys):
 @pytest.mark.llm
 def test_doc2query_is_measured_against_the_bare_engine(tmp_path, vllm_backend):
     docs = sample_docs(tmp_path / "docs", 2)
-    config = BenchConfig(parts="doc2query", docs=str(docs), limit=2, m=2, repeat=1)
-    (row,) = bench.doc2query_rows(config.validate(), vllm_backend)
+    config = BenchConfig(parts="doc2query", docs=str(docs), limit=2, repeat=1)
+    settings = IndexConfig()
+    settings.generation.m = 2
+    (row,) = bench.doc2query_rows(config.validate(), settings, vllm_backend)
     assert row["chunks"] == 2 and row["llm"] == vllm_backend.model_name
     assert row["engine_output_tok_per_s"] > 0 and row["bare_output_tok_per_s"] > 0
     assert np.isclose(row["engine_over_bare"], row["engine_output_tok_per_s"] / row["bare_output_tok_per_s"], rtol=0.01)
+
+
+def test_bench_takes_the_config_files_knn_and_doc2query_settings_below_the_options_given(tmp_path):
+    """qcg bench reads a build's settings in a build's order (defaults < config file < options): the kNN
+    part's k and probes, and the doc2query part's model and M."""
+    from qcg_gpu.cli import parse_arguments
+    from qcg_gpu.cli.index import index_config
+
+    config = tmp_path / "qcg.toml"
+    config.write_text('[graph]\nknn_k = 3\nknn_probes = 2\n\n[generation]\nm = 6\nmodel = "qwen2.5-coder-1.5b"\n')
+    out = tmp_path / "bench.json"
+    argv = ["--config", str(config), "bench", "--parts", "knn", "--nodes", "600", "--repeat", "1", "--json", str(out)]
+    assert main(argv) == 0
+    (row,) = json.loads(out.read_text())
+    assert (row["k"], row["probes"]) == (3, 2)
+    assert main([*argv, "--knn-probes", "4", "--knn-k", "1"]) == 0
+    (row,) = json.loads(out.read_text())
+    assert (row["k"], row["probes"]) == (1, 4)
+    settings = index_config(parse_arguments(["--config", str(config), "bench", "--parts", "doc2query", "--m", "5"]))
+    assert (settings.generation.model, settings.generation.m) == ("qwen2.5-coder-1.5b", 5)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from ..config import RetrievalConfig
+from ..config import GenerationConfig, GraphConfig, RetrievalConfig
 from ..eval.bench import BenchConfig
+from .index import index_config
 from .options import add_options, resolve
 
 
@@ -17,6 +18,8 @@ def add_parser(commands) -> None:
     )
     add_options(bench, BenchConfig(), "bench options")
     add_options(bench, RetrievalConfig(), "retrieval settings", only=("gamma", "n", "hops", "top_k"))
+    add_options(bench, GraphConfig(), "kNN settings (knn)", only=("knn_k", "knn_probes"))
+    add_options(bench, GenerationConfig(), "Doc2Query settings (doc2query)", only=("model", "m"))
     bench.set_defaults(run=run)
 
 
@@ -26,8 +29,9 @@ def run(args) -> int:
 
     config = resolve(BenchConfig(), args).validate()
     retrieval = resolve(RetrievalConfig(), args)
+    settings = index_config(args)  # the order of a build's: defaults < config file < the options given
     rows = []
-    for row in measure(config, retrieval):
+    for row in measure(config, retrieval, settings):
         rows.append(row)
         print({k: v for k, v in row.items() if k != "cpu"}, flush=True)  # each row as it is measured
     print(format_table(rows))
