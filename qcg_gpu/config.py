@@ -687,6 +687,8 @@ def _toml():
 def _fits(value, annotation: str) -> bool:
     """Whether a value read from a file fits a field annotated ``annotation`` (e.g. "int | None")."""
     names = {part.strip() for part in annotation.split("|")}
+    if value is None:  # YAML's null (TOML has none): what an optional field's default means
+        return "None" in names
     if isinstance(value, bool):
         return "bool" in names
     if isinstance(value, int):

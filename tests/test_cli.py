@@ -205,6 +205,19 @@ def test_a_toml_config_file_reads_on_python_3_10(tmp_path, monkeypatch):
     assert read_config_file(path)["retrieval"] == {"gamma": 1.2, "top_k": 8}
 
 
+def test_yaml_null_sets_an_optional_option_to_none_and_is_refused_for_others(tmp_path, capsys):
+    from qcg_gpu.cli import parse_arguments
+    from qcg_gpu.cli.index import index_config
+
+    path = tmp_path / "qcg.yaml"
+    path.write_text("generation:\n  model: null\n  max_tokens: null\nnodes:\n  device: null\n")
+    config = index_config(parse_arguments(["--config", str(path), "index", "build", "docs", "out"]))
+    assert config.generation.model is None and config.generation.max_tokens is None and config.nodes.device is None
+    path.write_text("generation:\n  m: null\n")
+    assert main(["--config", str(path), "index", "build", "docs", "out"]) == 2
+    assert "generation.m = None, expected int" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "text,message",
     [
