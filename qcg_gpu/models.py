@@ -287,3 +287,16 @@ def convert_gguf(gguf: Path, target: Path) -> None:
         _move_into_place(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def embedding_dim(path: str) -> int | None:
+    """The vector size of the sentence-transformers model at ``path`` (its pooling config, else its
+    transformer's hidden size), read without loading it; None where neither file says."""
+    import json
+
+    for name, key in (("1_Pooling/config.json", "word_embedding_dimension"), ("config.json", "hidden_size")):
+        try:
+            return int(json.loads((Path(path) / name).read_text())[key])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None

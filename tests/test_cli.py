@@ -296,9 +296,38 @@ def test_write_failures_end_in_one_line_and_publish_nothing(tmp_path, cli, monke
     from qcg_gpu.indexing import stages
 
     monkeypatch.setattr(stages.shutil, "disk_usage", lambda path: SimpleNamespace(total=10**9, used=10**9, free=4096))
+    result = cli(*build, tmp_path / "index", *options)  # the chunks alone do not fit: refused before any model
+    assert result.returncode == 2 and "chunks alone need" in result.stderr and "nothing was generated" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "load_embedder" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "docs"]
+
+    frees = iter([10**12, 4096])  # room at the start, the disk full by the time the index is written
+    monkeypatch.setattr(stages.shutil, "disk_usage", lambda path: SimpleNamespace(total=0, used=0, free=next(frees)))
     result = cli(*build, tmp_path / "index", *options)
     assert result.returncode == 2 and "GB and 0.00 GB are free there; nothing was written" in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "docs"]
+
+
+def test_a_build_whose_expected_index_does_not_fit_is_warned_of_before_any_model_runs(tmp_path, monkeypatch, capsys):
+    """Pair nodes: at least the chunks' texts and embeddings, expected M pair embeddings and ceil(alpha M)
+    nodes a chunk on top; a disk between the two gets a warning before generation, not a refusal."""
+    from types import SimpleNamespace
+
+    from qcg_gpu.config import IndexConfig
+    from qcg_gpu.indexing import stages
+
+    from .conftest import sample_docs
+
+    config = IndexConfig()
+    chunks = stages.read_chunks(sample_docs(tmp_path / "docs", 2), config, stages.IndexSummary(out=tmp_path))
+    least, expected = stages.index_size(chunks, config, 384)
+    assert least == sum(len(c.text.encode()) for c in chunks) + len(chunks) * 384 * 4
+    assert expected == least + len(chunks) * (20 * 384 * 4 + 16 * (384 * 4 + 2 * 12))  # M 20, alpha 0.8, k 2
+    free = (least + expected) // 2
+    monkeypatch.setattr(stages.shutil, "disk_usage", lambda path: SimpleNamespace(total=0, used=0, free=free))
+    capsys.readouterr()
+    stages.check_room(tmp_path / "index", chunks, config, 384)
+    assert f"will need about {expected / 1e9:.2f} GB" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("option", ["--embedder", "--tokenizer"])

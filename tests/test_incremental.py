@@ -168,6 +168,8 @@ def test_dry_run_forecast_counts_what_the_build_spends(tmp_path, vllm_backend, e
     assert before.chunks == summary.chunks and before.documents == summary.documents
     assert before.prompt_tokens == summary.prompt_tokens  # the model's own chat template, counted like vLLM does
     assert before.output_cap >= summary.output_tokens
+    written = sum(f.stat().st_size for f in (tmp_path / "idx").rglob("*") if f.is_file())
+    assert 0.3 * written <= before.index_bytes <= 3 * written, (before.index_bytes, written)  # an estimate
     runs = measured_runs(config.generation, vllm_backend.model_name)
     assert len(runs) == 1 and runs[0]["output_tokens"] == summary.output_tokens and runs[0]["tokens_per_s"] > 0
 

@@ -16,9 +16,9 @@ from typing import Any
 from ..config import IndexConfig
 from ..llm.backends import llm_name
 from ..llm.cache import GenerationCache, generation_cache
-from ..models import DEFAULT_LLM, resolve_model
+from ..models import DEFAULT_EMBEDDER, DEFAULT_LLM, embedding_dim, resolve_model
 from . import doc2query
-from .stages import IndexSummary, read_chunks
+from .stages import IndexSummary, index_size, read_chunks
 from .throughput import measured_runs
 
 
@@ -48,6 +48,7 @@ class Forecast:
     output_source: str
     tokens_per_s: float | None
     rate_source: str
+    index_bytes: int | None = None  # expected (stages.index_size); None where the embedder's size is unknown
 
     @property
     def seconds(self) -> float | None:
@@ -55,26 +56,40 @@ class Forecast:
 
     def format(self) -> str:
         hours = f"{self.seconds / 3600:.2f} h ({self.seconds:.0f} s)" if self.seconds is not None else "unknown"
-        return "\n".join(
-            [
-                f"dry run: {self.documents} documents, {self.chunks} chunks, {self.cached_chunks} already generated "
-                f"(cache)",
-                f"  to generate: {self.chunks - self.cached_chunks} chunks",
-                f"  prompt tokens: {self.prompt_tokens} ({self.prompt_counted_with})",
-                f"  output tokens: ~{self.output_tokens} expected, at most {self.output_cap} ({self.output_source})",
-                f"  generation time: {hours} at {self.tokens_per_s or '?'} output tok/s ({self.rate_source})",
-            ]
-        )
+        lines = [
+            f"dry run: {self.documents} documents, {self.chunks} chunks, {self.cached_chunks} already generated "
+            f"(cache)",
+            f"  to generate: {self.chunks - self.cached_chunks} chunks",
+            f"  prompt tokens: {self.prompt_tokens} ({self.prompt_counted_with})",
+            f"  output tokens: ~{self.output_tokens} expected, at most {self.output_cap} ({self.output_source})",
+            f"  generation time: {hours} at {self.tokens_per_s or '?'} output tok/s ({self.rate_source})",
+        ]
+        if self.index_bytes is not None:
+            size = f"{self.index_bytes / 1e9:.2f} GB" if self.index_bytes >= 1e9 else f"{self.index_bytes / 1e6:.1f} MB"
+            lines.append(f"  index on disk: ~{size} (chunk texts, embeddings, kNN rows; every reply valid)")
+        return "\n".join(lines)
 
 
 def forecast(input_path: str | Path, config: IndexConfig) -> Forecast:
     config.validate()
     gen, summary = config.generation, IndexSummary(out=Path("."))
     chunks = read_chunks(input_path, config, summary)
+    dim = embedding_dim(resolve_model(config.nodes.embedder, DEFAULT_EMBEDDER)[0])
+    size = index_size(chunks, config, dim)[1] if dim else None
     model = llm_name(gen)
     if config.nodes.nodes == "sentence":
         return Forecast(
-            summary.documents, len(chunks), len(chunks), 0, "no LLM: sentence nodes", 0, 0, "no LLM", None, "no LLM"
+            summary.documents,
+            len(chunks),
+            len(chunks),
+            0,
+            "no LLM: sentence nodes",
+            0,
+            0,
+            "no LLM",
+            None,
+            "no LLM",
+            size,
         )
     cache = GenerationCache(generation_cache(gen))
     try:
@@ -119,6 +134,7 @@ def forecast(input_path: str | Path, config: IndexConfig) -> Forecast:
         output_source,
         rate,
         rate_source,
+        size,
     )
 
 

@@ -12,7 +12,7 @@ from ..config import IndexConfig
 from ..embedding import Embedder
 from ..index_format import check_writable
 from ..llm.backends import LLMBackend, llm_name
-from ..models import DEFAULT_EMBEDDER, resolve_model
+from ..models import DEFAULT_EMBEDDER, embedding_dim, resolve_model
 from .generation import generate_pairs
 from .sharded import build_on_cluster
 from .stages import (
@@ -20,6 +20,7 @@ from .stages import (
     Pairs,
     build_graph,
     build_manifest,
+    check_room,
     embed_and_select,
     index_tables,
     load_embedder,
@@ -49,14 +50,16 @@ def build_index(
     config = (config or IndexConfig()).validate()
     out = Path(out)
     replaces = check_writable(out, overwrite)
+    dim = embedder.dim if embedder else None
     if embedder is None:  # a wrong embedder name fails now, not after hours of generation
-        resolve_model(config.nodes.embedder, DEFAULT_EMBEDDER)
+        dim = embedding_dim(resolve_model(config.nodes.embedder, DEFAULT_EMBEDDER)[0])
     summary = IndexSummary(out=out, replaces=replaces)
     if cluster is not None:
         return build_on_cluster(input_path, out, config, cluster, llm, summary)
 
     with stage(summary, "chunk"):
         chunks = read_chunks(input_path, config, summary)
+    check_room(out, chunks, config, dim)  # before any model runs
 
     pairs, model_name = Pairs.empty(), None
     if config.nodes.nodes != "sentence":

@@ -19,6 +19,7 @@ each stage counted and how long it took.
 from __future__ import annotations
 
 import importlib.metadata
+import math
 import shutil
 import time
 from collections import Counter
@@ -328,6 +329,37 @@ def check_free_space(out: Path, tables: dict, arrays: dict, graph) -> None:
         raise QCGError(
             f"cannot write the index at {out}: it needs about {need / 1e9:.2f} GB and {free / 1e9:.2f} GB are free "
             "there; nothing was written (generated replies are cached: rerun when there is room)"
+        )
+
+
+def index_size(chunks: list[Chunk], config: IndexConfig, dim: int) -> tuple[int, int]:
+    """(at least, expected) bytes of the index ``chunks`` make, before any model runs: at least their
+    texts and float32 embeddings; expected adds, for pair nodes, M pair embeddings a chunk and ceil(alpha
+    M) nodes with their kNN rows (every reply valid, so an upper estimate of those)."""
+    least = sum(len(c.text.encode()) for c in chunks) + len(chunks) * dim * 4
+    if config.nodes.nodes == "sentence":
+        return least, least
+    m, itemsize = config.generation.m, np.dtype(config.nodes.embedding_dtype).itemsize
+    per_chunk = m * dim * 4 + math.ceil(config.nodes.alpha * m) * (dim * itemsize + config.graph.knn_k * 12)
+    return least, least + len(chunks) * per_chunk
+
+
+def check_room(out: Path, chunks: list[Chunk], config: IndexConfig, dim: int | None) -> None:
+    """Before any model runs: refuse in one line a build whose index cannot fit where it goes (less free
+    space than its chunks' texts and embeddings alone), and warn when the expected size does not fit."""
+    if dim is None:
+        return
+    least, expected = index_size(chunks, config, dim)
+    free = shutil.disk_usage(out if out.exists() else out.parent).free
+    if least > free:
+        raise QCGError(
+            f"cannot build the index at {out}: its {len(chunks)} chunks alone need {least / 1e9:.2f} GB and "
+            f"{free / 1e9:.2f} GB are free there; nothing was generated"
+        )
+    if expected > free:
+        logger.warning(
+            f"the index at {out} will need about {expected / 1e9:.2f} GB and {free / 1e9:.2f} GB are free there: "
+            "make room before the build ends (its replies are cached if writing fails)"
         )
 
 
