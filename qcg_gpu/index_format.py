@@ -608,7 +608,9 @@ def _load_parquet(index, filename: str, checked: dict | None, layout: dict | Non
         verify_file(index, filename, checked)
     try:
         with open(path, "rb") as fh:  # a Python file: audit hooks see it opened (``shard_backend.ShardActor``)
-            return pq.read_table(fh)
+            # pre_buffer's I/O threads, left reading a Python file, aborted the process at exit about
+            # one time in two ("terminate called without an active exception", exit status 134)
+            return pq.read_table(fh, pre_buffer=False)
     except (OSError, pa.ArrowException) as exc:
         root = index_root(index)
         raise QCGError(f"index {root}: {filename} is unreadable ({exc}); run: qcg check {root}") from exc

@@ -75,3 +75,16 @@ def test_readers_keep_a_consistent_version_while_rebuilds_publish(tmp_path, embe
         loads, _ = out.split(" ", 1)
         assert int(loads) >= 1
     assert any(len(eval(out.split(" ", 1)[1])) == 2 for out, _ in outputs)  # some reader saw both versions
+
+
+def test_a_process_that_read_an_index_exits_cleanly(tmp_path, embedder):
+    """A table read through a Python file object with pyarrow's pre-buffering left I/O threads that
+    aborted about one exit in two (status 134: "terminate called without an active exception")."""
+    index = tmp_path / "index"
+    build_index(sample_docs(tmp_path / "docs", 2), index, _config(64), embedder=embedder)
+    read = f"from qcg_gpu.retrieval import QCGIndex; print(QCGIndex.load(r'{index}').chunks.num_rows)"
+    one_thread = {**os.environ, "OMP_NUM_THREADS": "1"}  # as a reader of a busy machine runs: it aborted most so
+    runs = [
+        subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, env=one_thread) for _ in range(8)
+    ]
+    assert [run.returncode for run in runs] == [0] * 8, runs[0].stderr[-2000:]
