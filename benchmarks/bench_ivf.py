@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--probes", type=int, default=16)
     parser.add_argument("--sample", type=int, default=2000, help="rows whose exact edges give the recall")
+    parser.add_argument("--backend", default="auto", help="qcg's centroid search: auto (torch), torch or faiss")
     args = parser.parse_args()
     for n in args.nodes:
         rng = np.random.default_rng(0)
@@ -49,12 +50,12 @@ def main() -> None:
         rows = np.sort(rng.choice(n, min(args.sample, n), replace=False))
         want = exact_rows(emb, rows, args.k)[0]
         start = time.perf_counter()
-        ours = knn_graph(emb, args.k, probes=args.probes).indices.reshape(n, args.k)
+        ours = knn_graph(emb, args.k, args.backend, probes=args.probes).indices.reshape(n, args.k)
         ours_s = time.perf_counter() - start
         start = time.perf_counter()
         theirs = faiss_route(emb, args.k, args.probes)
         theirs_s = time.perf_counter() - start
-        row = {"nodes": n, "k": args.k, "probes": args.probes, "qcg_s": round(ours_s, 1)}
+        row = {"nodes": n, "k": args.k, "probes": args.probes, "backend": args.backend, "qcg_s": round(ours_s, 1)}
         row |= {"faiss_ivf_s": round(theirs_s, 1), "speedup": round(theirs_s / ours_s, 2)}
         row |= {"qcg_edge_recall": round(edge_recall(ours[rows], want), 4)}
         row |= {"faiss_ivf_edge_recall": round(edge_recall(theirs[rows], want), 4), "cpu": cpu_kind()}
