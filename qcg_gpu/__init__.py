@@ -8,6 +8,8 @@ from .config import (
     IndexConfig,
     NodeConfig,
     RetrievalConfig,
+    index_settings,
+    retrieval_settings,
 )
 from .errors import QCGError
 
@@ -54,5 +56,7 @@ __all__ = [
     "GraphConfig",
     "RetrievalConfig",
     "AnswerConfig",
+    "index_settings",
+    "retrieval_settings",
     "QCGError",
 ]

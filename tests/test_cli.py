@@ -5,6 +5,7 @@ import pytest
 
 from qcg_gpu.capabilities import MissingDependency
 from qcg_gpu.cli import build_parser, check, index, main
+from qcg_gpu.errors import QCGError
 
 
 @pytest.mark.parametrize(
@@ -115,6 +116,36 @@ def test_a_config_file_overrides_defaults_and_the_command_line_wins(tmp_path, su
     )
     evaluation, llm = resolve(EvalConfig(), args), resolve(GenerationConfig(), args)
     assert evaluation.methods == "naive,qcg" and llm.model == "qwen2.5-coder-1.5b"  # the answering LLM's options too
+
+
+def test_the_python_api_takes_settings_in_the_order_the_cli_does(tmp_path):
+    """index_settings and retrieval_settings: defaults < config file < preset or stored generation < the
+    arguments given, the same settings as the command line's for the same inputs."""
+    from qcg_gpu import index_settings, retrieval_settings
+    from qcg_gpu.cli import parse_arguments
+    from qcg_gpu.cli.index import build_config
+
+    from .conftest import REPO
+
+    path = tmp_path / "qcg.toml"
+    path.write_text(
+        '[retrieval]\ngamma = 1.2\ntop_k = 8\n\n[generation]\nm = 6\nmodel = "smollm2"\ntemperature = 0.9\n'
+    )
+    retrieval = retrieval_settings(path)
+    assert (retrieval.gamma, retrieval.top_k, retrieval.n) == (1.2, 8, 10)
+    retrieval = retrieval_settings(path, preset="multihop-rag", n=12)
+    assert (retrieval.gamma, retrieval.top_k, retrieval.n) == (1.0, 5, 12)  # the preset over the file
+    stored = REPO / "benchmarks" / "lihuaworld" / "replies-qwen2.5-coder-1.5b.parquet"
+    config = index_settings(path, replies_in=stored, generation={"m": 5})
+    assert (config.generation.model, config.generation.temperature) == ("qwen2.5-coder-1.5b", 0.3)  # stored > file
+    assert config.generation.m == 5 and config.chunking.chunk_tokens == 1200
+    argv = ["--config", str(path), "index", "build", "docs", "out", "--replies-in", str(stored), "--m", "5"]
+    assert build_config(parse_arguments(argv)) == config
+    assert index_settings(path).generation.m == 6
+    with pytest.raises(QCGError, match="unknown GenerationConfig setting 'mm'"):
+        index_settings(generation={"mm": 1})
+    with pytest.raises(QCGError, match="unknown preset 'nope'"):
+        retrieval_settings(preset="nope")
 
 
 def test_a_preset_overrides_the_config_file_and_options_given_override_both(tmp_path):

@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 import typing
 
-from ..config import CONFIG_SECTIONS, PRESETS, GenerationConfig, RayConfig, RetrievalConfig
+from ..config import CONFIG_SECTIONS, PRESETS, GenerationConfig, RayConfig, RetrievalConfig, layered
 from ..errors import QCGError
 from ..models import DEFAULT_LLM, resolve_model
 
@@ -72,23 +72,13 @@ def add_options(parser, section, title: str, only=None, prefix: str = "") -> Non
 
 
 def resolve(section, args: argparse.Namespace, prefix: str = "", over: dict | None = None):
-    """``section`` (a config dataclass at its defaults) with its settings in the one order they take,
-    each layer overriding the one before:
-
-    1. the defaults (config.py);
-    2. the ``--config`` file's table for this section;
-    3. ``over``: a ``--preset``, or the settings a stored generation or the index itself was made with;
-    4. the options given on the command line.
-
-    So a file written by ``qcg init`` (every default) changes nothing by itself, and a preset or a
-    stored generation is never undone by a file."""
+    """``section`` (a config dataclass at its defaults) with its settings in the one order they take
+    (:func:`config.layered`): defaults < the ``--config`` file's table for this section < ``over`` (a
+    ``--preset``, or the settings a stored generation or the index itself was made with) < the options
+    given on the command line."""
     from_file = args_config_file(args).get(SECTION_NAMES.get(type(section), ""), {})
-    for key, value in {**from_file, **(over or {})}.items():
-        setattr(section, key, value)
-    for f in dataclasses.fields(section):
-        if getattr(args, prefix + f.name, None) is not None:
-            setattr(section, f.name, getattr(args, prefix + f.name))
-    return section
+    given = {f.name: getattr(args, prefix + f.name, None) for f in dataclasses.fields(section)}
+    return layered(section, from_file, over, given)
 
 
 def args_config_file(args: argparse.Namespace) -> dict[str, dict]:

@@ -61,7 +61,7 @@ def nearest_lists(x: np.ndarray, centroids: np.ndarray, probes: int, backend="au
 
 def list_search(backend: str) -> str:
     """The float32 search for each node's nearest centroids: torch for ``auto``. faiss's own OpenMP
-    runtime would spin against numba's (the kernels) for the cores: 1.9x slower at 50k nodes."""
+    runtime would spin against numba's (the kernels) for the cores (benchmarks/RESULTS.md, *kNN graphs*)."""
     return "torch" if backend == "auto" else backend
 
 

@@ -66,7 +66,7 @@ def gather_dot(nodes, queries, ids):
                     BLOCK_DIM=BLOCK_DIM,
                 )
             return out
-    if nodes.device.type == "cpu":  # the twin: 2.8x faster than einsum on CPU (benchmarks/bench_kernels.py)
+    if nodes.device.type == "cpu":  # the twin: faster than einsum on CPU (benchmarks/RESULTS.md, *Gather-dot kernel*)
         return torch.from_numpy(gather_dot_cpu(nodes.numpy(), queries.contiguous().numpy(), ids.contiguous().numpy()))
     rows = nodes[ids.clamp(min=0)]  # other devices, or no Triton
     return torch.where(ids >= 0, torch.einsum("bld,bd->bl", rows, queries), 0.0)

@@ -2,8 +2,8 @@
 
 Scoring a selected node reads its 1.5 KB row (d = 384, float32) from wherever the index lies in
 memory. One row at a time, every dot product waits for its row; asking for the next row while
-the current one is summed hides most of that wait (measured: 2x faster dot products over random
-rows of a 100k x 384 matrix, no change over rows already in cache).
+the current one is summed hides most of that wait over rows out of cache (measured through the
+kernels that use it: benchmarks/RESULTS.md, *Retrieval throughput*).
 """
 
 from __future__ import annotations

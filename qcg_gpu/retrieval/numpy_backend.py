@@ -293,9 +293,9 @@ class Float32Prefilter(Prefilter):
 
 def float32_gemm(nodes: np.ndarray):
     """``gemm(tile, col0, width, out)``: tile @ nodes[col0 : col0 + width].T into ``out``, in IEEE float32,
-    through torch where it is installed. After numpy's OpenBLAS GEMM, its threads spin for ~0.1 s and
-    made the numba kernel that followed 2x slower on 2 cores (measured); after torch's GEMM (as fast
-    here) they do not."""
+    through torch where it is installed. After numpy's OpenBLAS GEMM, its threads spin for a while and
+    slow the numba kernel that follows on a machine of few cores; after torch's GEMM (as fast here)
+    they do not."""
     if not WITH_TORCH:
         return lambda tile, col0, width, out: np.matmul(tile, nodes[col0 : col0 + width].T, out=out)
     torch = require("torch")

@@ -64,6 +64,6 @@ def seed_threshold(gamma: float) -> np.float32:
 
 
 def tile_rows(n_nodes: int, max_rows: int = 256, budget: int = SIMILARITY_TILE_ELEMENTS) -> int:
-    """Queries per similarity tile: at most max_rows (256 measured best for CPU BLAS at N = 100k)
-    and at most ``budget`` similarities."""
+    """Queries per similarity tile: at most max_rows (256: the fastest for CPU BLAS at N = 100k when
+    chosen) and at most ``budget`` similarities."""
     return int(max(1, min(max_rows, budget // max(n_nodes, 1))))
