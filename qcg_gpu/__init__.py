@@ -8,8 +8,6 @@ from .config import (
     IndexConfig,
     NodeConfig,
     RetrievalConfig,
-    index_settings,
-    retrieval_settings,
 )
 from .errors import QCGError
 
@@ -30,6 +28,8 @@ _LAZY = {  # public names whose modules pull in torch, vLLM or Ray: imported whe
     "remove_documents": "indexing.incremental",
     "retry_failed": "indexing.incremental",
     "RayCluster": "cluster",
+    "index_settings": "api",
+    "retrieval_settings": "api",
 }
 
 

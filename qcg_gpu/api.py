@@ -6,18 +6,22 @@
     solutions, scores = rag.rag_qa(questions, gold_docs=..., gold_answers=...)  # + answers and metrics
 
 Everything runs batched, through the same calls as the CLI (``retrieval.search``,
-``answer.answer_from_chunks``); the LLM loads on the first ``rag_qa``.
+``answer.answer_from_chunks``); the LLM loads on the first ``rag_qa``. :func:`index_settings` and
+:func:`retrieval_settings` give settings in the order the command line takes them (``config.layered``):
+a config file's tables, then a preset or a stored generation's settings, then the arguments given.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import cast
 
-from .config import AnswerConfig, GenerationConfig, RetrievalConfig
+from .config import PRESETS, AnswerConfig, GenerationConfig, IndexConfig, RetrievalConfig, layered, read_config_file
 from .errors import QCGError
 from .llm.backends import LLMBackend
+from .llm.cache import stored_settings
 
 
 @dataclass
@@ -142,3 +146,38 @@ class QCGRag:
 
             self._llm = make_backend(self._llm or GenerationConfig())
         return self._llm
+
+
+def index_settings(config_file=None, replies_in=None, **given: dict) -> IndexConfig:
+    """An index build's settings as ``qcg index build`` takes them (:func:`layered`): defaults < the
+    ``config_file``'s tables < the settings the stored generation ``replies_in`` (or the file's or
+    ``given``'s ``replies_in``) was made with < ``given``, a dict per section, e.g.
+    ``index_settings("qcg.toml", generation={"m": 6})``."""
+    unknown = set(given) - set(IndexConfig.SECTIONS)
+    if unknown:
+        raise QCGError(f"unknown settings section(s) {sorted(unknown)} (choose from {', '.join(IndexConfig.SECTIONS)})")
+    from_file = read_config_file(config_file) if config_file else {}
+    if replies_in is not None:
+        given = {**given, "generation": {**given.get("generation", {}), "replies_in": str(replies_in)}}
+
+    def settings(stored: dict) -> IndexConfig:
+        config = IndexConfig()
+        for name in IndexConfig.SECTIONS:
+            layered(getattr(config, name), from_file.get(name), stored.get(name), given.get(name))
+        return config
+
+    config = settings({})
+    path = config.generation.replies_in
+    if path and os.path.isfile(path):  # a missing file is refused by validate()
+        config = settings(IndexConfig.stored_values(stored_settings(path) or {}))
+    return config
+
+
+def retrieval_settings(config_file=None, preset: str | None = None, **given) -> RetrievalConfig:
+    """Retrieval settings as ``qcg query`` takes them (:func:`layered`): defaults < the ``config_file``'s
+    [retrieval] table < the ``preset`` (a dataset's: lihuaworld, multihop-rag) < ``given``, e.g.
+    ``retrieval_settings(preset="multihop-rag", top_k=8)``."""
+    if preset is not None and preset not in PRESETS:
+        raise QCGError(f"unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
+    from_file = read_config_file(config_file).get("retrieval") if config_file else None
+    return layered(RetrievalConfig(), from_file, PRESETS.get(preset or ""), given).validate()
