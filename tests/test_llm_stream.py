@@ -129,3 +129,14 @@ def test_the_token_meter_counts_tokens_before_any_reply_finishes(vllm_backend):
     assert all(tokens <= 2 * step for step, (tokens, _) in enumerate(counts, 1))
     assert counts == sorted(counts) and max(tokens for tokens, done in counts if done == 0) > 0
     assert counts[-1] == (sum(reply.output_tokens for reply in replies), 2)
+    meter.show()
+    assert "output tokens" in meter.bar.postfix and "left" in meter.bar.postfix  # time left from tokens
+
+
+def test_time_left_comes_from_tokens_not_replies():
+    """26 replies in flight and none finished: a bar counting replies showed an hour left at 1 of 26."""
+    from qcg_gpu.llm.backends import tokens_left
+
+    assert tokens_left(26, 0, 0, 500, 1352) == 26 * 1352 - 500  # no reply finished: the cap bounds them
+    assert tokens_left(21, 600, 5, 1000, 1352) == 21 * 120 - 1000  # the finished replies' mean, less the running
+    assert tokens_left(3, 0, 0, 0, None) is None and tokens_left(1, 100, 1, 500, None) == 0

@@ -195,8 +195,8 @@ class VLLMBackend(LLMBackend):
         params = self.sampling_params(sampling, conversations)
         engine, pending = self.llm.llm_engine, iter(range(len(conversations)))
         position: dict[str, int] = {}  # request id -> conversation
-        bar = progress_bar(total=len(conversations), desc="LLM replies", unit="reply")
-        meter = TokenMeter(bar, engine)
+        bar = progress_bar(total=len(conversations), desc="LLM replies", unit="reply", bar_format=TokenMeter.BAR)
+        meter = TokenMeter(bar, engine, cap=sampling.max_tokens)
 
         def enqueue(todo: list[int]) -> None:
             internal = self.llm.enqueue_chat(
@@ -244,16 +244,21 @@ class VLLMBackend(LLMBackend):
 
 
 class TokenMeter:
-    """The progress bar's output-token count, moving while replies are written: vLLM's offline
-    engine reports a request only when it finishes (minutes on a CPU), so the tokens of requests
-    still running are read from the engine's output processor (its detokenizers' counts)."""
+    """The progress bar's output-token count and time left, moving while replies are written: vLLM's
+    offline engine reports a request only when it finishes (minutes on a CPU), so the tokens of
+    requests still running are read from the engine's output processor (its detokenizers' counts).
+    The time left comes from tokens (:func:`tokens_left`), not replies: every reply may be in flight
+    while none has finished."""
 
-    def __init__(self, bar, engine, every_s: float = 1.0):
-        self.bar, self.engine, self.every_s, self.shown = bar, engine, every_s, 0.0
-        self.finished_tokens = 0
+    BAR = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"  # tqdm's own ETA counts replies: left out
+
+    def __init__(self, bar, engine, every_s: float = 1.0, cap: int | None = None):
+        self.bar, self.engine, self.every_s, self.shown, self.cap = bar, engine, every_s, 0.0, cap
+        self.finished_tokens = self.finished = 0
 
     def finish(self, output_tokens: int) -> None:
         self.finished_tokens += output_tokens
+        self.finished += 1
 
     def running_tokens(self) -> int:
         return vllm_compat.running_output_tokens(self.engine) or 0  # another vLLM: finished replies only
@@ -265,8 +270,23 @@ class TokenMeter:
         now = time.monotonic()
         if now - self.shown >= self.every_s:
             self.shown = now
-            tokens, elapsed = self.tokens(), max(self.bar.format_dict["elapsed"], 1e-9)
-            self.bar.set_postfix_str(f"{tokens:,} output tokens, {tokens / elapsed:.1f} tok/s")
+            running = self.running_tokens()
+            tokens, elapsed = self.finished_tokens + running, max(self.bar.format_dict["elapsed"], 1e-9)
+            text = f"{tokens:,} output tokens, {tokens / elapsed:.1f} tok/s"
+            left = tokens_left(self.bar.total - self.finished, self.finished_tokens, self.finished, running, self.cap)
+            if tokens and left is not None:
+                text += f", ~{self.bar.format_interval(left * elapsed / tokens)} left"
+            self.bar.set_postfix_str(text)
+
+
+def tokens_left(unfinished: int, finished_tokens: int, finished: int, running_tokens: int, cap: int | None):
+    """Output tokens still to come: each unfinished reply as long as the finished ones on average (before
+    any has finished, the max_tokens ``cap``: an upper bound), less what the running ones have written.
+    None when nothing says (no reply finished and no cap)."""
+    per_reply = finished_tokens / finished if finished else cap
+    if per_reply is None:
+        return None
+    return max(unfinished * per_reply - running_tokens, 0.0)
 
 
 def engine_settings(config: GenerationConfig, path: str, on_gpu: bool | None = None) -> dict:
