@@ -33,6 +33,17 @@ from qcg_gpu.llm.backends import VLLMBackend
 DOCS = Path(__file__).resolve().parents[1] / "examples" / "lihuaworld_sample" / "docs"
 
 
+def doc2query_requests(docs: str, limit: int, m: int, model: str | None):
+    """The first ``limit`` chunks' Doc2Query conversations, their sampling and a vLLM engine, as a build
+    makes them."""
+    config = IndexConfig()
+    config.generation.m, config.generation.model = m, model
+    chunks = list(iter_chunks(docs, config, IndexSummary(out=None), SkipLog()))[:limit]
+    system = doc2query.system_prompt(config.generation)
+    conversations = [doc2query.build_conversation(c.text, config.generation.m, system) for c in chunks]
+    return conversations, doc2query.sampling_spec(config.generation), VLLMBackend(config.generation)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--docs", default=str(DOCS))
@@ -42,13 +53,7 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     args = parser.parse_args()
 
-    config = IndexConfig()
-    config.generation.m, config.generation.model = args.m, args.model
-    chunks = list(iter_chunks(args.docs, config, IndexSummary(out=None), SkipLog()))[: args.limit]
-    system = doc2query.system_prompt(config.generation)
-    conversations = [doc2query.build_conversation(c.text, config.generation.m, system) for c in chunks]
-    sampling = doc2query.sampling_spec(config.generation)
-    backend = VLLMBackend(config.generation)
+    conversations, sampling, backend = doc2query_requests(args.docs, args.limit, args.m, args.model)
     manager = backend.llm.llm_engine.engine_core.engine_core.structured_output_manager
     print(json.dumps({"cpu": cpu_kind(), "chunks": len(conversations), "m": args.m, "model": backend.model_name}))
 

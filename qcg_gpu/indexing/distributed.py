@@ -40,7 +40,9 @@ from ..config import GenerationConfig, NodeConfig
 from ..embedding import Windows, encode_whole, shape_batches, token_counts
 from ..errors import QCGError
 from ..index_format import IndexWriter
+from ..llm import vllm_compat
 from ..llm.backends import (
+    BATCH_INVARIANT,
     REPLAY,
     Completion,
     LLMBackend,
@@ -247,6 +249,8 @@ class RayDataLLM(RayLLM):
         self.path = resolve_model(config.model, DEFAULT_LLM)[0]
 
     def reproducibility(self) -> str:
+        if self.config.batch_invariant:
+            return BATCH_INVARIANT
         return (
             "per-request seeds on ray.data.llm's vLLM engines (--ray-llm data): each keeps several batches in "
             "flight in an engine core of its own, so which requests share a step depends on timing, and two "
@@ -258,6 +262,9 @@ class RayDataLLM(RayLLM):
         engine_kwargs = engine_settings(self.config, self.path, on_gpu=bool(self.cluster.gpus))
         del engine_kwargs["model"]
         env = {"VLLM_LOGGING_LEVEL": engine_log_level()}
+        if self.config.batch_invariant:
+            vllm_compat.batch_invariant_mode(bool(self.cluster.gpus))
+            env["VLLM_BATCH_INVARIANT"] = "1"  # the engines' processes are Ray's, not children of this one
         if not self.cluster.gpus:  # as for the actors: Ray shares out the cores, vLLM must not pin to all
             env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_ENABLE_V1_MULTIPROCESSING="0")
             # its async engine reserves this share of the machine's memory for its KV cache (0.92 by

@@ -96,6 +96,13 @@ def request_seed(seed: int, conversation: Conversation) -> int:
 REPLAY = "the index itself is rebuilt exactly from its stored replies (--replies-out, --replies-in)"
 
 
+BATCH_INVARIANT = (
+    "per-request seeds (run seed + conversation) on GPUs in vLLM's batch-invariant mode (--batch-invariant): a "
+    "reply does not depend on the requests batched with it, so a resumed or added build gets the same replies "
+    f"(vLLM's promise, not measured by qcg: no GPU with vLLM here); {REPLAY}"
+)
+
+
 def vllm_reproducibility(on_gpu: bool, grammars_not_in_step: str | None) -> str:
     """What a vLLM engine's replies promise, from what was applied: where it ran, and whether its
     grammars were compiled as requests arrive (None) or why not (``vllm_compat.compile_grammars_in_step``)."""
@@ -139,6 +146,9 @@ def make_backend(config: GenerationConfig) -> LLMBackend:
 
 class VLLMBackend(LLMBackend):
     def __init__(self, config: GenerationConfig):
+        self.on_gpu, self.batch_invariant = with_cuda(), config.batch_invariant
+        if self.batch_invariant:
+            vllm_compat.batch_invariant_mode(self.on_gpu)  # before the engine starts
         path, self.model_name = resolve_model(config.model, DEFAULT_LLM)
         vllm = vllm_compat.import_vllm()
         kwargs = engine_settings(config.validate(), path)
@@ -148,11 +158,10 @@ class VLLMBackend(LLMBackend):
                 self.llm = vllm.LLM(**kwargs)
         except Exception as exc:
             raise QCGError(f"vLLM could not load model {self.model_name!r}: {exc}") from exc
-        self.on_gpu = with_cuda()
         self.grammars_not_in_step = vllm_compat.compile_grammars_in_step(self.llm)  # None: they are
 
     def reproducibility(self) -> str:
-        return vllm_reproducibility(self.on_gpu, self.grammars_not_in_step)
+        return BATCH_INVARIANT if self.batch_invariant else vllm_reproducibility(self.on_gpu, self.grammars_not_in_step)
 
     def sampling_params(self, sampling: SamplingSpec, conversations: list[Conversation]) -> list:
         """One SamplingParams per conversation, each with its own seed (:func:`request_seed`)."""

