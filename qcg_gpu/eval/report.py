@@ -398,37 +398,25 @@ def _settings_html(run: dict, records: list[dict], rows: list[dict]) -> str:
     )
 
 
-def _html_table(title: str, header: list[str], body: str) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+def _method_table(title: str, types: list[str], rows, cell) -> str:
+    """One HTML table of a row per method (``rows``: (method, values)), each value drawn by ``cell``."""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in ["method", "overall", *types])
+    body = "".join(
+        f"<tr><td>{html.escape(method)}</td>" + "".join(cell(v) for v in values) + "</tr>" for method, values in rows
+    )
     return f"<h3>{html.escape(title)}</h3><table><tr>{head}</tr>{body}</table>"
 
 
 def _tables_html(rows: list[dict], types: list[str]) -> str:
-    header = ["method", "overall", *types]
     return "\n".join(
-        _html_table(
-            title,
-            header,
-            "".join(
-                f"<tr><td>{html.escape(method)}</td>" + "".join(f"<td class='num'>{v}</td>" for v in values) + "</tr>"
-                for method, *values in cells
-            ),
-        )
+        _method_table(title, types, [(method, values) for method, *values in cells], "<td class='num'>{}</td>".format)
         for title, cells in _metric_tables(rows, types)
     )
 
 
 def _differences_html(differences: list[dict], metrics: list[str], types: list[str]) -> str:
-    header = ["method", "overall", *types]
     return "\n".join(
-        _html_table(
-            title,
-            header,
-            "".join(
-                f"<tr><td>{html.escape(method)}</td>" + "".join(_difference_cell(row) for row in found) + "</tr>"
-                for method, found in table
-            ),
-        )
+        _method_table(title, types, table, _difference_cell)
         for title, table in _difference_tables(differences, metrics, types)
     )
 
