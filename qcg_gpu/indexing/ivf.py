@@ -24,8 +24,16 @@ from ..capabilities import require
 from ..index_format import index_shards
 from ..kernels.ivf_cpu import Best, Lists, Probes, probe_lists
 from ..log import progress_bar
-from ..retrieval.bounds import float32_roundoff
-from .ranking import PAD, best_in, best_over_shards, csr_of_rows, degree, read_node_embeddings, row_norms
+from .ranking import (
+    best_in,
+    best_over_shards,
+    csr_of_rows,
+    degree,
+    empty_rows,
+    read_node_embeddings,
+    row_norms,
+    search_slack,
+)
 
 TRAIN_PER_LIST = 39  # faiss' minimum of training points per k-means centroid
 SAMPLE_PER_LIST = 64  # training points per centroid
@@ -65,11 +73,6 @@ def list_search(backend: str) -> str:
     return "torch" if backend == "auto" else backend
 
 
-def empty_rows(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """k missing edges (id PAD, score -inf) for each of ``n`` rows, to merge into."""
-    return np.full((n, k), PAD, np.int64), np.full((n, k), -np.inf)
-
-
 def probed_rows(rows, row_ids, row_lists, base, base_ids, base_list, best) -> None:
     """Merge into ``best`` (each row's ids and float64 scores, ranked) the members of ``base`` (node ids
     ``base_ids``, list ``base_list``) in each row's probed lists ``row_lists`` (the kernel
@@ -77,7 +80,7 @@ def probed_rows(rows, row_ids, row_lists, base, base_ids, base_list, best) -> No
     by_list = np.argsort(base_list, kind="stable")
     n_lists = int(max(row_lists.max(initial=-1), base_list.max(initial=-1))) + 1
     lists = Lists(by_list, np.searchsorted(base_list[by_list], np.arange(n_lists + 1)))
-    slack = float32_roundoff(rows.shape[1]) * row_norms(rows) * row_norms(base).max(initial=0.0) + 1e-6
+    slack = search_slack(row_norms(rows), row_norms(base).max(initial=0.0), rows.shape[1])
     for start in progress_bar(
         range(0, len(rows), ROW_BLOCK), desc="IVF rows", unit="block", disable=len(rows) <= ROW_BLOCK
     ):

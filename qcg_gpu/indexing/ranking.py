@@ -84,7 +84,7 @@ def pair_scores(emb: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarr
 def best_over_shards(data: str, layout: dict, rows, row_ids, k: int, backend: str, device, own: int | None = None):
     """Each row's k best nodes of every shard but itself (exact, ties by lower id): each shard gives its k
     best (:func:`best_in`) and the merge keeps the k best of those. Shard ``own`` is ``rows`` themselves."""
-    ids, scores = np.full((len(rows), k), PAD, np.int64), np.full((len(rows), k), -np.inf)
+    ids, scores = empty_rows(len(rows), k)
     norms = row_norms(rows)
     for i, other in enumerate(index_shards(layout)):
         base = rows if i == own else read_node_embeddings(data, layout, other)
@@ -114,7 +114,7 @@ def best_in(rows, row_ids, base, base_ids, k: int, backend="auto", device=None, 
     cannot enter the caller's k best, so it is not rescored (it counts as missing)."""
     width = min(len(base), k + 1 + CANDIDATE_MARGIN)
     if width == 0:
-        return np.full((len(rows), k), PAD, np.int64), np.full((len(rows), k), -np.inf)
+        return empty_rows(len(rows), k)
     local, approx = search(rows, base, width, backend, device)
     cand = np.where(local >= 0, base_ids[np.maximum(local, 0)], -1)
     valid = local >= 0 if row_ids is None else (local >= 0) & (cand != row_ids[:, None])
@@ -142,10 +142,20 @@ def best_in(rows, row_ids, base, base_ids, k: int, backend="auto", device=None, 
 
 def entry_floor(best_scores: np.ndarray, norms: np.ndarray, base_norm: float, dim: int) -> np.ndarray:
     """Per row, the float32 similarity a node needs to have a chance of entering ``best_scores`` (the
-    row's k best so far, exact; rows of norm ``norms``, nodes of at most ``base_norm``): its k-th score
-    less the float32 search's error bound (any summation order), 1e-6 to spare. -inf while a row has
-    fewer than k."""
-    return best_scores[:, -1] - (float32_roundoff(dim) * norms * base_norm + 1e-6)
+    row's k best so far, exact): its k-th score less :func:`search_slack`. -inf while a row has fewer
+    than k."""
+    return best_scores[:, -1] - search_slack(norms, base_norm, dim)
+
+
+def search_slack(norms: np.ndarray, base_norm: float, dim: int) -> np.ndarray:
+    """Per row (of norm ``norms``, against nodes of at most ``base_norm``), a bound on how far a float32
+    similarity may be from the exact one (any summation order), 1e-6 to spare."""
+    return float32_roundoff(dim) * norms * base_norm + 1e-6
+
+
+def empty_rows(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """k missing edges (id PAD, score -inf) for each of ``n`` rows, to merge into."""
+    return np.full((n, k), PAD, np.int64), np.full((n, k), -np.inf)
 
 
 def row_norms(x: np.ndarray) -> np.ndarray:
