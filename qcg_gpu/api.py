@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import cast
 
-from .config import PRESETS, AnswerConfig, GenerationConfig, IndexConfig, RetrievalConfig, layered, read_config_file
+from .config import PRESETS, AnswerConfig, GenerationConfig, IndexConfig, RetrievalConfig, layered
+from .config.files import read_config_file
 from .errors import QCGError
 from .llm.backends import LLMBackend
 from .llm.cache import stored_settings

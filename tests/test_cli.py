@@ -228,7 +228,7 @@ def test_a_toml_config_file_reads_on_python_3_10(tmp_path, monkeypatch):
     """Python 3.10 has no tomllib: tomli, a dependency there, reads the same file."""
     import sys
 
-    from qcg_gpu.config import read_config_file
+    from qcg_gpu.config.files import read_config_file
 
     path = tmp_path / "qcg.toml"
     path.write_text(CONFIG_TOML)
@@ -270,7 +270,8 @@ def test_bad_config_files_are_refused_in_one_line(tmp_path, capsys, text, messag
 def test_init_writes_every_default(tmp_path, capsys):
     import dataclasses
 
-    from qcg_gpu.config import CONFIG_SECTIONS, read_config_file
+    from qcg_gpu.config import CONFIG_SECTIONS
+    from qcg_gpu.config.files import read_config_file
 
     path = tmp_path / "qcg.toml"
     assert main(["init", str(path)]) == 0
@@ -369,3 +370,26 @@ def test_a_model_name_that_is_nowhere_is_refused_before_any_work(tmp_path, cli, 
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "model 'no-such-org/no-model' is not a packaged model, a local path or in the HF cache" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def _option_groups(parser) -> dict[str, set[str]]:
+    return {g.title: {a.dest for a in g._group_actions} for g in parser._action_groups}
+
+
+def test_option_groups_are_made_from_the_settings_concerns():
+    """Each concern of GenerationConfig is one group of `qcg index build --help`, and `qcg answer`
+    offers the answering LLM's concerns only: no list of option names kept by hand (issue 38 §3)."""
+    import dataclasses
+
+    from qcg_gpu.cli import build_parser
+    from qcg_gpu.config import ANSWERING_LLM_CONCERNS, GENERATION_CONCERNS
+
+    def fields(concern):
+        return {f.name for f in dataclasses.fields(concern)}
+
+    subparsers = build_parser()._subparsers._group_actions[0].choices
+    build = _option_groups(subparsers["index"]._subparsers._group_actions[0].choices["build"])
+    generation = [dests for title, dests in build.items() if title.startswith("generation options")]
+    assert generation == [fields(concern) for concern in GENERATION_CONCERNS]
+    answer = [dests for title, dests in _option_groups(subparsers["answer"]).items() if "answering LLM" in title]
+    assert answer == [fields(concern) for concern in ANSWERING_LLM_CONCERNS]

@@ -64,3 +64,18 @@ def test_no_function_takes_more_than_eight_parameters():
                 if count > 8:
                     wide.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({count})")
     assert wide == []
+
+
+def test_settings_are_split_by_concern_with_at_most_twenty_fields():
+    """Issue 38 §3: the [generation] table joins one dataclass per concern, each field in exactly one."""
+    import dataclasses
+
+    from qcg_gpu import config
+
+    sections = [*config.CONFIG_SECTIONS.values(), *config.GENERATION_CONCERNS]
+    wide = {s.__name__: len(dataclasses.fields(s)) for s in sections if s is not config.GenerationConfig}
+    assert max(wide.values()) <= 20, wide
+    concern_fields = [f.name for c in config.GENERATION_CONCERNS for f in dataclasses.fields(c)]
+    assert sorted(concern_fields) == sorted(f.name for f in dataclasses.fields(config.GenerationConfig))
+    assert len(set(concern_fields)) == len(concern_fields)
+    assert set(config.ANSWERING_LLM_CONCERNS) < set(config.GENERATION_CONCERNS)

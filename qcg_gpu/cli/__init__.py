@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..config import read_config_file
+from ..config.files import read_config_file
 from ..errors import QCGError
 from ..log import set_verbosity
 from . import bench, check, corpus, evaluate, index, init, models, query, report

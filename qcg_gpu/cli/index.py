@@ -12,7 +12,7 @@ import os
 
 from ..config import IndexConfig
 from ..errors import QCGError
-from .options import add_options, add_output_options, add_ray_options, ray_cluster, resolve
+from .options import add_generation_options, add_options, add_output_options, add_ray_options, ray_cluster, resolve
 
 ACTIONS = ("build", "add", "remove", "retry", "plan")
 INPUT_HELP = (
@@ -104,7 +104,10 @@ def _add_build_options(parser, ray: bool = True) -> None:
     add_output_options(parser)
     defaults = IndexConfig()
     for name in IndexConfig.SECTIONS:
-        add_options(parser, getattr(defaults, name), f"{name} options")
+        if name == "generation":
+            add_generation_options(parser)
+        else:
+            add_options(parser, getattr(defaults, name), f"{name} options")
     if ray:
         add_ray_options(parser)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import config_file_text
+from ..config.files import config_file_text
 from ..errors import QCGError
 
 

@@ -7,32 +7,19 @@ import argparse
 import dataclasses
 import typing
 
-from ..config import CONFIG_SECTIONS, PRESETS, GenerationConfig, RayConfig, RetrievalConfig, layered
+from ..config import (
+    ANSWERING_LLM_CONCERNS,
+    CONFIG_SECTIONS,
+    GENERATION_CONCERNS,
+    PRESETS,
+    GenerationConfig,
+    RayConfig,
+    RetrievalConfig,
+    layered,
+)
 from ..errors import QCGError
 from ..models import DEFAULT_LLM, resolve_model
 
-# the part of GenerationConfig that picks and runs an LLM (qcg answer and qcg eval reuse it)
-LLM_OPTIONS = (
-    "backend",
-    "model",
-    "base_url",
-    "api_key_env",
-    "concurrency",
-    "max_retries",
-    "request_timeout",
-    "max_model_len",
-    "enforce_eager",
-    "gpu_memory_utilization",
-    "tensor_parallel_size",
-    "pipeline_parallel_size",
-    "dtype",
-    "quantization",
-    "kv_cache_dtype",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "prefix_caching",
-    "engine_args",
-)
 RETRIEVAL_PREFIX = "retrieval_"
 SECTION_NAMES = {cls: name for name, cls in CONFIG_SECTIONS.items()}  # a config file's table per dataclass
 NO_VERIFY_HELP = "skip checking the index files against their checksums when loading (saves a few seconds per GB)"
@@ -132,8 +119,23 @@ def ray_cluster(args):
     return RayCluster(ray)
 
 
-def add_llm_options(parser, title: str = "answering LLM options") -> None:
-    add_options(parser, GenerationConfig(), title, only=LLM_OPTIONS)
+def add_llm_options(parser) -> None:
+    """The answering LLM's options: one group per concern (which LLM, the vLLM engine, the OpenAI client)."""
+    for concern in ANSWERING_LLM_CONCERNS:
+        add_options(parser, concern(), "answering LLM, " + concern_title(concern))
+
+
+def add_generation_options(parser) -> None:
+    """The build's [generation] options: one group per concern of GenerationConfig."""
+    for concern in GENERATION_CONCERNS:
+        add_options(parser, concern(), "generation options, " + concern_title(concern))
+
+
+def concern_title(concern) -> str:
+    """A settings dataclass's option-group title: the first line of its docstring."""
+    first = (concern.__doc__ or concern.__name__).strip().split("\n")[0].rstrip(".")
+    capitals_inside = any(c.isupper() for c in first.split()[0][1:])  # "Doc2Query", "LLM" keep their case
+    return first if capitals_inside else first[0].lower() + first[1:]
 
 
 def answering_llm(args, cluster=None, model: str | None = None, store=None):

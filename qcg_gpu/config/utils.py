@@ -1,0 +1,48 @@
+"""What every settings dataclass is made of: fields whose help is also CLI help, and checks."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import field
+
+from ..errors import QCGError
+
+
+def option(default, help: str, choices=None, flag: str | None = None, runtime: bool = False):
+    """A dataclass field whose help text is also its CLI help (``flag``: a CLI name other than
+    --field-name); ``runtime``: it says how to run, never what the results are."""
+    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag, "runtime": runtime})
+
+
+def check_choices(section) -> None:
+    """QCGError when a field with choices holds another value (e.g. from a config file or an API call)."""
+    for f in dataclasses.fields(section):
+        if f.metadata.get("choices") and getattr(section, f.name) not in f.metadata["choices"]:
+            raise QCGError(
+                f"{f.name} must be one of {', '.join(f.metadata['choices'])}, got {getattr(section, f.name)!r}"
+            )
+
+
+def result_fields(section) -> list[str]:
+    """The fields of a config dataclass (or instance) that change results."""
+    return [f.name for f in dataclasses.fields(section) if not f.metadata.get("runtime")]
+
+
+def prompt_text(path: str) -> str:
+    """The system prompt held in a --prompt-file / --answer-prompt-file."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise QCGError(f"cannot read prompt file {path}: {exc}") from exc
+    if not text:
+        raise QCGError(f"prompt file {path} is empty")
+    return text
+
+
+def names(text: str, allowed, what: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in allowed]
+    if unknown or not names:
+        raise QCGError(f"unknown {what} {unknown or text!r}; choose from {', '.join(allowed)}")
+    return list(dict.fromkeys(names))
