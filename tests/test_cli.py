@@ -146,6 +146,8 @@ def test_the_python_api_takes_settings_in_the_order_the_cli_does(tmp_path):
         index_settings(generation={"mm": 1})
     with pytest.raises(QCGError, match="unknown preset 'nope'"):
         retrieval_settings(preset="nope")
+    with pytest.raises(QCGError, match="knn must be one of exact, approximate, got 'approx'"):
+        index_settings(graph={"knn": "approx"})  # a value outside the choices is refused, as on the command line
 
 
 def test_a_preset_overrides_the_config_file_and_options_given_override_both(tmp_path):
@@ -257,6 +259,10 @@ def test_yaml_null_sets_an_optional_option_to_none_and_is_refused_for_others(tmp
         ("[generation]\nmm = 1", "unknown option generation.mm"),
         ('[generation]\nm = "many"', "generation.m = 'many', expected int"),
         ("[nodes]\nalpha = true", "nodes.alpha = True, expected float"),
+        ('[graph]\nknn = "approx"', "graph.knn = 'approx', choose from exact, approximate"),
+        ('[retrieval]\nbackend = "gpu"', "retrieval.backend = 'gpu', choose from auto, torch, numpy"),
+        ("[generation]\nbatch_chunks = 0", "batch_chunks must be >= 1, got 0"),
+        ("[generation]\nconcurrency = 0", "concurrency must be >= 1, got 0"),
     ],
 )
 def test_bad_config_files_are_refused_in_one_line(tmp_path, capsys, text, message):

@@ -53,6 +53,9 @@ def read_config_file(path: str | os.PathLike) -> dict[str, dict]:
                 raise QCGError(f"config file {path}: unknown option {name}.{key}")
             if not _fits(value, str(fields[key].type)):
                 raise QCGError(f"config file {path}: {name}.{key} = {value!r}, expected {fields[key].type}")
+            choices = fields[key].metadata.get("choices")
+            if choices and value not in choices:
+                raise QCGError(f"config file {path}: {name}.{key} = {value!r}, choose from {', '.join(choices)}")
     return data
 
 

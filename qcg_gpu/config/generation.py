@@ -81,6 +81,8 @@ class Doc2QueryConfig:
     def validate(self):
         if self.m < 1:
             raise QCGError(f"m must be >= 1, got {self.m}")
+        if self.batch_chunks < 1:
+            raise QCGError(f"batch_chunks must be >= 1, got {self.batch_chunks}")
         if self.prompt_file:
             prompt_text(self.prompt_file)  # readable and not empty
         return self
@@ -199,6 +201,15 @@ class OpenAIClientConfig:
         runtime=True,
     )
 
+    def validate(self):
+        if self.concurrency < 1:
+            raise QCGError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.max_retries < 0:
+            raise QCGError(f"max_retries must be >= 0, got {self.max_retries}")
+        if self.request_timeout <= 0:
+            raise QCGError(f"request_timeout must be > 0, got {self.request_timeout}")
+        return self
+
 
 @dataclass
 class ReplyStoreConfig:
@@ -241,7 +252,7 @@ class GenerationConfig(ReplyStoreConfig, OpenAIClientConfig, VLLMEngineConfig, D
 
     def validate(self) -> GenerationConfig:
         check_choices(self)
-        for concern in (Doc2QueryConfig, VLLMEngineConfig, ReplyStoreConfig):
+        for concern in (Doc2QueryConfig, VLLMEngineConfig, OpenAIClientConfig, ReplyStoreConfig):
             concern.validate(self)
         if self.backend == "openai" and not self.base_url:
             raise QCGError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")

@@ -11,6 +11,7 @@ from .generation import GenerationConfig
 from .index import ChunkingConfig, GraphConfig, NodeConfig
 from .ray import RayConfig
 from .retrieval import RetrievalConfig
+from .utils import check_choices
 
 # --- the order of settings ------------------------------------------------------------------
 # A config file (files.py) has a table per section, named here.
@@ -45,4 +46,5 @@ def layered(section, from_file: dict | None = None, over: dict | None = None, gi
                 raise QCGError(f"unknown {type(section).__name__} setting {key!r}")
             if value is not None or layer is not given:
                 setattr(section, key, value)
+    check_choices(section)
     return section
