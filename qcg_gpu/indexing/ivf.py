@@ -2,7 +2,7 @@
 defined so that any split of the nodes into shards gives the same graph, edge for edge.
 
 1. Lists: spherical k-means (faiss, seeded) on a fixed sample of the nodes (:func:`training_rows`),
-   ~4 sqrt(N) centroids, trained once, in one process.
+   ~4 sqrt(N) centroids (at most MAX_LISTS), trained once, in one process.
 2. Each node's ``probes`` nearest centroids by exact (float64) inner product, ties by lower list id
    (:func:`nearest_lists`); the first is the list the node belongs to.
 3. Row i: the k best nodes other than i by exact score, ties by lower id, among the members of i's
@@ -37,14 +37,18 @@ from .ranking import (
 
 TRAIN_PER_LIST = 39  # faiss' minimum of training points per k-means centroid
 SAMPLE_PER_LIST = 64  # training points per centroid
+# Past 268M nodes, 4 sqrt(N) lists would need a sample larger than a shard (at 1B nodes: 126k lists,
+# 8.1M rows, 12 GB at 384-d) and k-means time to match; faiss's guidance for a billion vectors is
+# 65,536 lists trained on a few million. So at most 65,536 lists, trained on 4.2M rows (6.4 GB at 384-d).
+MAX_LISTS = 65536
 KMEANS_ITERATIONS = 10
 KMEANS_SEED = 1234
 ROW_BLOCK = 65536  # rows per kernel call
 
 
 def list_count(n: int) -> int:
-    """Inverted lists for ``n`` nodes: ~4 sqrt(n), with enough training points for each."""
-    return int(max(1, min(4 * np.sqrt(n), n // TRAIN_PER_LIST)))
+    """Inverted lists for ``n`` nodes: ~4 sqrt(n), with enough training points for each, at most MAX_LISTS."""
+    return int(max(1, min(4 * np.sqrt(n), n // TRAIN_PER_LIST, MAX_LISTS)))
 
 
 def training_rows(n: int) -> np.ndarray:
