@@ -1,5 +1,6 @@
 """qcg-gpu: a GPU-accelerated batch engine for Query-Centric Graph RAG."""
 
+from .capabilities import reproducible_mkl
 from .config import (
     AnswerConfig,
     ChunkingConfig,
@@ -12,6 +13,8 @@ from .config import (
 from .errors import QCGError
 
 __version__ = "0.1.0"
+
+reproducible_mkl()  # before the first GEMM of this process (capabilities.MKL_REPRODUCIBLE)
 
 
 def build_index(*args, **kwargs):

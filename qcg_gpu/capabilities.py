@@ -11,6 +11,7 @@ import contextlib
 import functools
 import importlib
 import importlib.util
+import os
 import threading
 
 from .errors import QCGError
@@ -23,6 +24,21 @@ def _installed(module: str) -> bool:
 WITH_TORCH = _installed("torch")
 WITH_FAISS = _installed("faiss")
 WITH_VLLM = _installed("vllm")
+
+# MKL's strict conditional numerical reproducibility: its float32 GEMMs then round the same way
+# whatever the thread count, so a text embeds to the same bits in a one-thread Ray worker as in a
+# driver with every core, where MKL's own kernels run (CPUs without AVX-512: AMD Zen 2/3, older
+# Xeons; oneDNN's, which run with AVX-512 and AMX, already do). MKL reads it at its first call, so
+# importing qcg_gpu sets it (a value the user set is kept) and Ray workers get it (RayCluster).
+# Its cost: benchmarks/RESULTS.md, Embedding.
+MKL_REPRODUCIBLE = ("MKL_CBWR", "AUTO,STRICT")
+
+
+def reproducible_mkl() -> dict[str, str]:
+    """Set MKL_REPRODUCIBLE unless the user set MKL_CBWR; the value in force, as environment variables."""
+    name, value = MKL_REPRODUCIBLE
+    return {name: os.environ.setdefault(name, value)}
+
 
 _INSTALL_HINTS = {
     "torch": "pip install 'qcg-gpu[cpu]'  (or [gpu] on a CUDA machine)",

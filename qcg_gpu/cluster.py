@@ -8,7 +8,7 @@ import importlib.util
 import logging
 import os
 
-from .capabilities import require
+from .capabilities import reproducible_mkl, require
 from .config import RayConfig
 from .errors import QCGError
 from .log import progress_bar
@@ -30,6 +30,7 @@ class RayCluster:
                     logging_level=logging.WARNING,
                     configure_logging=False,
                     ignore_reinit_error=True,
+                    runtime_env={"env_vars": reproducible_mkl()},  # workers embed like this process
                 )
             except Exception as exc:  # ConnectionError, or a failed local start
                 raise QCGError(f"cannot connect to the Ray cluster {config.ray_address!r}: {exc}") from exc

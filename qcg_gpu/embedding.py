@@ -3,8 +3,9 @@
 A text's embedding depends on the text only, never on the batch it shares: every batch has
 ``batch_size`` rows (the last one filled up with copies) padded to a fixed length chosen from
 the text's own token count (16, 32, ..., the model's limit). A GEMM rounds the same way for the
-same shapes, so a build, an ``--add`` and a Ray worker give every text the same bits (with the
-same thread count), and the kNN graph does not change with how the texts were batched.
+same shapes, so a build, an ``--add`` and a Ray worker give every text the same bits, and the kNN
+graph does not change with how the texts were batched. Where MKL's own kernels run (AVX2), the
+thread count would change the rounding too: capabilities.MKL_REPRODUCIBLE keeps it from doing so.
 
 Texts longer than the embedder's limit (256 word pieces for all-MiniLM-L6-v2) would be cut
 silently by the model; by default they are embedded whole instead: split into windows of

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from qcg_gpu.capabilities import WITH_TORCH, _cpuinfo
@@ -34,3 +35,29 @@ def test_low_precision_prefilters_give_the_float64_seeds_on_every_cpu_kind(isa):
         assert report["int8_node_code_max"] == 63  # 7-bit node codes: pair sums fit int16
     elif "avx512_vnni" in _cpuinfo()[1]:
         assert report["int8_node_code_max"] == 127  # VNNI sums in int32: full 8-bit codes
+
+
+# MKL's own AVX2 kernels (MKL runs them on AMD CPUs, Zen 4 included), with and without oneDNN capped too.
+MKL_AVX2 = {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+AVX2_LIBRARIES = MKL_AVX2 | {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+
+
+@pytest.mark.skipif(not WITH_TORCH, reason="the embedder runs in torch")
+@pytest.mark.parametrize("caps", [MKL_AVX2, AVX2_LIBRARIES, {}], ids=["mkl-avx2", "avx2", "native"])
+def test_a_text_embeds_to_the_same_bits_whatever_the_thread_count(caps, tmp_path):
+    """The driver embeds with every core; a Ray worker starts with one thread, then takes the driver's
+    count: equal bits on every CPU kind (MKL's AVX2 sgemm differed after that switch, by up to 1e-7,
+    unless its strict reproducible mode is on)."""
+    env = {k: v for k, v in os.environ.items() if k not in AVX2_LIBRARIES and k != "MKL_CBWR"} | caps
+    runs = {"two": ("2",), "one": ("1",), "one_then_two": ("1", "2")}  # OMP_NUM_THREADS[, then torch's]
+    for name, (threads, *then) in runs.items():
+        command = [sys.executable, "-m", "tests.cpu_kind_embeddings", str(tmp_path / f"{name}.npy"), *then]
+        run = subprocess.run(
+            command, cwd=ROOT, env=env | {"OMP_NUM_THREADS": threads}, capture_output=True, text=True, timeout=600
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+    two = np.load(tmp_path / "two.npy")
+    assert len(two) == 64
+    for name in ("one", "one_then_two"):
+        got = np.load(tmp_path / f"{name}.npy")
+        assert np.array_equal(got, two), f"{name}: {int((got != two).any(axis=1).sum())} of 64 rows differ"

@@ -354,8 +354,8 @@ class EmbedWorker:
         # "truncate": RayEmbedder's driver splits long texts itself
         self.embedder = Embedder(model, device, batch_size, long_texts)
         if self.embedder.device == "cpu":
-            # CPU GEMMs round differently with another thread count: use the driver's, so each text gets
-            # the bits one process would give it (Ray's one thread per CPU asked would not).
+            # the driver's thread count, for its speed (Ray starts a worker with one thread per CPU asked);
+            # the bits do not change with it (capabilities.MKL_REPRODUCIBLE, tests/test_cpu_kinds.py).
             torch.set_num_threads(cpu_threads)
 
     def describe(self) -> tuple[str, int, int]:
