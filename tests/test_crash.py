@@ -108,16 +108,20 @@ def test_kill_during_generation_loses_at_most_the_batch_in_flight(tmp_path, cli)
     rerun = qcg("index", docs, index, *options, "--quiet")
     assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
     assert f"{4 - done} chunks generated, {done} from cache" in rerun.stdout  # nothing finished was regenerated
+    earlier = read_manifest(index)["replies_from_earlier_runs"]  # the chunks replied in the killed run's batches
+    assert sum(stop - start for start, stop in earlier) == done and 0 <= earlier[0][0] and earlier[-1][1] <= 4
     assert check_index(index) == []
     # a third run, entirely from the cache, writes the same index
     again = cli("index", docs, tmp_path / "again", *options, "--quiet")  # no engine to start: in this process
     assert "0 chunks generated, 4 from cache" in again.stdout
+    assert read_manifest(tmp_path / "again")["replies_from_earlier_runs"] == [[0, 4]]
     assert load_table(tmp_path / "again", "pairs").equals(load_table(index, "pairs"))
     # and so does an uninterrupted run with a fresh cache: each request's seed comes from the run's
     # seed and its chunk, not from where the engine's generator stood (issue 15)
     fresh = ("--m", "2", "--batch-chunks", "1", "--cache", tmp_path / "fresh.sqlite", "--device", "cpu")
     uninterrupted = qcg("index", docs, tmp_path / "uninterrupted", *fresh, "--verbose")
     assert "4 chunks generated, 0 from cache" in uninterrupted.stdout
+    assert read_manifest(tmp_path / "uninterrupted")["replies_from_earlier_runs"] == []
     assert " INFO " in uninterrupted.stderr and " INFO " not in rerun.stderr  # vLLM's own log: --verbose only
     assert load_table(tmp_path / "uninterrupted", "pairs").equals(load_table(index, "pairs"))
 

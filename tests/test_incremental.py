@@ -87,8 +87,14 @@ def test_pair_nodes_add_generates_only_new_chunks_and_equals_a_rebuild(tmp_path,
     assert llm.asked == [summary.chunks] and summary.generated_chunks == summary.chunks > 0
     added = read_manifest(tmp_path / "grown")["history"][-1]
     assert "given by the caller (Recording)" in added["llm_reproducibility"]  # what generated the add's replies
+    assert (
+        added["replies_from_earlier_runs"] == []
+        and read_manifest(tmp_path / "grown")["replies_from_earlier_runs"] == []
+    )
     build_index(every, tmp_path / "full", config, llm=vllm_backend, embedder=embedder)  # from the cache
     assert_same_index(tmp_path / "grown", tmp_path / "full")
+    chunks = read_manifest(tmp_path / "full")["counts"]["chunks"]
+    assert read_manifest(tmp_path / "full")["replies_from_earlier_runs"] == [[0, chunks]]  # every reply was cached
 
     doomed = sorted(p.stem for p in old.glob("*.txt"))[1]
     remove_documents(tmp_path / "full", [doomed])
@@ -96,6 +102,8 @@ def test_pair_nodes_add_generates_only_new_chunks_and_equals_a_rebuild(tmp_path,
     kept_rows = np.flatnonzero(pairs.column("kept").to_numpy(zero_copy_only=False))
     assert nodes.column("source_index").to_pylist() == kept_rows.tolist()  # nodes still name their pairs rows
     assert doomed not in load_table(tmp_path / "full", "chunks").column("doc_id").to_pylist()
+    left = load_table(tmp_path / "full", "chunks").num_rows
+    assert left < chunks and read_manifest(tmp_path / "full")["replies_from_earlier_runs"] == [[0, left]]  # renumbered
 
 
 @pytest.mark.llm

@@ -16,7 +16,7 @@ from ..llm.backends import NOT_REPORTED, LLMBackend, make_backend
 from ..llm.cache import ReplyStore, generation_cache, reply_entry, stored_settings
 from . import doc2query
 from .chunking import Chunk
-from .stages import IndexSummary, Pairs, stage
+from .stages import IndexSummary, Pairs, chunk_ranges, stage
 from .throughput import record_throughput
 
 
@@ -68,7 +68,9 @@ class Doc2QueryRun:
             summary.stored_chunks = (summary.stored_chunks or 0) + sum(key in self.store.stored for key in keys)
         batch = ChunkReplies(chunks, keys, self.cache.get_many(list(set(keys))))
         summary.cache_corrupt = self.cache.corrupt
-        summary.cached_chunks += sum(key in batch.replies for key in keys)
+        cached = np.array([key in batch.replies for key in keys], dtype=bool)
+        summary.cached_chunks += int(cached.sum())
+        summary.earlier_replies += chunk_ranges(first_chunk + np.flatnonzero(cached))  # another batch than this run's
         missing = list(dict.fromkeys(i for i, key in enumerate(keys) if key not in batch.replies))
         if missing:
             with stage(summary, "load_llm"):

@@ -33,11 +33,13 @@ from .knn import KnnGraph, add_nodes, remove_nodes
 from .stages import (
     IndexSummary,
     Pairs,
+    chunk_ranges,
     embed_and_select,
     index_tables,
     llm_reproducibility,
     load_embedder,
     package_versions,
+    range_ids,
     read_chunks,
     stage,
     write_index,
@@ -115,6 +117,7 @@ def add_documents(
         first = int(stored.manifest["counts"]["chunks"])
         change = {"op": "add", "documents": summary.documents, "chunks": len(chunks)}
         change["chunk_ids"] = [first, first + len(chunks)]  # generated beside each other, not beside the rest
+        change["replies_from_earlier_runs"] = [[first + a, first + b] for a, b in summary.earlier_replies]
         if config.nodes.nodes != "sentence":
             change["llm_reproducibility"] = llm_reproducibility(summary)
         _publish(index, updated, summary, change)
@@ -278,7 +281,9 @@ def _without_documents(stored: _Stored, doc_ids: list[str], config: IndexConfig,
     summary.documents, summary.chunks = len(set(doc_ids)), int((~keep_chunk).sum())
     summary.pairs_valid, summary.nodes = int((~keep_pair).sum()), int((~keep_node).sum())  # removed
     failed = [[int(new_chunk[c]), error] for c, error in stored.manifest.get("failed_chunks", []) if keep_chunk[c]]
-    manifest = {**stored.manifest, "failed_chunks": failed}  # renumbered like the chunks
+    earlier_ids = range_ids(stored.manifest.get("replies_from_earlier_runs", []))
+    earlier = chunk_ranges(new_chunk[earlier_ids[keep_chunk[earlier_ids]]])
+    manifest = {**stored.manifest, "failed_chunks": failed, "replies_from_earlier_runs": earlier}  # renumbered
     return _Stored(manifest, {"chunks": chunks, "pairs": pairs, "nodes": nodes}, arrays, graph)
 
 

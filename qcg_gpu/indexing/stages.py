@@ -59,6 +59,7 @@ class IndexSummary:
     failed_documents: dict = field(default_factory=dict)  # doc_id -> the first error among its chunks
     empty_chunks: list = field(default_factory=list)  # chunk ids whose reply held no valid pair
     cached_chunks: int = 0
+    earlier_replies: list = field(default_factory=list)  # [start, stop) chunk ids whose reply an earlier run made
     stored_chunks: int | None = None  # chunks whose reply the --replies-in file held (None: no file given)
     notes: list = field(default_factory=list)  # warnings worth the user's eye
     texts_over_windows: int = 0  # texts longer than the embedder's limit, embedded over windows
@@ -400,6 +401,21 @@ def package_versions() -> dict:
     return found
 
 
+def chunk_ranges(ids: np.ndarray) -> list[list[int]]:
+    """Chunk ids as [start, stop) ranges, in order (a manifest's compact list: a resumed run's cached
+    chunks come in long runs)."""
+    ids = np.unique(ids)
+    if not len(ids):
+        return []
+    breaks = np.flatnonzero(np.diff(ids) > 1) + 1
+    return [[int(run[0]), int(run[-1]) + 1] for run in np.split(ids, breaks)]
+
+
+def range_ids(ranges: list) -> np.ndarray:
+    """The chunk ids of [start, stop) ranges."""
+    return np.concatenate([np.arange(start, stop) for start, stop in ranges] or [np.zeros(0, np.int64)])
+
+
 def llm_reproducibility(summary: IndexSummary) -> str:
     """The manifest's statement on the replies: the promise of the backend that generated them in this
     run (``LLMBackend.reproducibility``), and which replies an earlier run made instead."""
@@ -408,7 +424,8 @@ def llm_reproducibility(summary: IndexSummary) -> str:
     if summary.cached_chunks:
         return (
             f"{summary.generated_chunks} chunks' replies generated in this run, {summary.cached_chunks} by an "
-            f"earlier one (the generation cache or stored replies); this run's: {summary.llm_reproducibility}"
+            "earlier one (the generation cache or stored replies; those chunks are listed in "
+            f"replies_from_earlier_runs); this run's: {summary.llm_reproducibility}"
         )
     return summary.llm_reproducibility
 
@@ -455,5 +472,6 @@ def build_manifest(config: IndexConfig, summary: IndexSummary, llm_name: str | N
         "skipped": summary.skipped,
         "failed_chunks": summary.failed_chunks,
         "failed_documents": summary.failed_documents,
+        "replies_from_earlier_runs": chunk_ranges(range_ids(summary.earlier_replies)),
         "versions": package_versions(),
     }
