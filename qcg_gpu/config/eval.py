@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import QCGError
-from .utils import names, option
+from .utils import comma_names, option
 
 BASELINES = ("naive", "d2q", "d2q-minus")  # naive RAG over chunk embeddings (METHOD.md, "Baselines")
 ABLATIONS = ("qcg-qa", "qcg-q", "qcg-a", "qcg-sentence")  # QCG with other node texts (the paper's ablation)
@@ -82,10 +82,10 @@ class EvalConfig:
         return self
 
     def method_list(self) -> list[str]:
-        return names(self.methods, EVAL_METHODS, "method")
+        return comma_names(self.methods, EVAL_METHODS, "method")
 
     def sweep_list(self) -> list[str]:
-        return names(self.sweeps, SWEEPS, "sweep") if self.sweeps.strip() else []
+        return comma_names(self.sweeps, SWEEPS, "sweep") if self.sweeps.strip() else []
 
     def whole_index_work(self) -> list[str]:
         """The methods and sweeps that derive an index from every node in this process (node-text

@@ -40,7 +40,8 @@ def prompt_text(path: str) -> str:
     return text
 
 
-def names(text: str, allowed, what: str) -> list[str]:
+def comma_names(text: str, allowed, what: str) -> list[str]:
+    """The distinct names of a comma-separated ``text``, each one of ``allowed`` (else QCGError naming ``what``)."""
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in allowed]
     if unknown or not names:
