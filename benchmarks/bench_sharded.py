@@ -20,7 +20,10 @@ First, rows with ``"part": "knn"``: the exact kNN graph of --knn-nodes synthetic
 task per node shard reading the shards' files (what a sharded ``--ray`` build runs), against
 ``knn.knn_graph`` in one process: ``equal`` (every edge and score) and both times; with
 --knn-probes P, the approximate (IVF) graph the same way, and its ``edge_recall`` against the exact
-one. (Exact kNN at 2M nodes is hours on 2 cores: O(N^2).) --nodes 0 runs this part alone.
+one. ``worker_peak_rss_bytes`` is the largest VmHWM among the Ray worker processes that ran the tasks,
+beside ``baseline_worker_rss_bytes`` (the same build of a 2,000-node index) and ``shard_bytes`` (the
+largest shard's embeddings): the tasks hold two shards at most. (Exact kNN at 2M nodes is hours on 2
+cores: O(N^2).) --nodes 0 runs this part alone.
 
     python benchmarks/bench_sharded.py --nodes 2000000 --workers 1 2 4
 """
@@ -202,47 +205,75 @@ def on_ray(path: Path, workers: int, queries: np.ndarray, config) -> dict:
         ray.shutdown()
 
 
-def knn_rows(root: Path, n: int, dim: int, shard_nodes: int, workers_list: list[int], k: int, probes) -> None:
-    """The kNN graph of ``n`` synthetic nodes in shards, exact and (``probes``) approximate: one process
-    (``knn.knn_graph``) against a Ray task per shard reading the shards' files (``distributed.knn_of_shards``),
-    W workers each; the approximate graph's edge recall against the exact one."""
+def ray_worker_peaks() -> list[int]:
+    """VmHWM in bytes of every Ray worker process of this machine (their command lines start "ray::")."""
+    peaks = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if not (proc / "cmdline").read_bytes().startswith(b"ray::"):
+                continue
+            status = (proc / "status").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        peaks += [int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:")]
+    return peaks
+
+
+def sharded_knn(path: Path, emb: np.ndarray, shard_nodes: int, workers: int, k: int, probes):
+    """The sharded kNN build of ``emb`` on a fresh local cluster of ``workers`` CPUs: (seconds, the
+    shards' indices and scores, the largest worker VmHWM, the shard count)."""
     import ray
 
     from qcg_gpu.cluster import RayCluster
     from qcg_gpu.config import RayConfig
-    from qcg_gpu.index_format import IndexWriter, load_array, plan_shards
+    from qcg_gpu.index_format import IndexWriter, plan_shards
     from qcg_gpu.indexing.distributed import knn_of_shards
+
+    node_chunk = np.arange(len(emb)) // NODES_PER_CHUNK
+    writer = IndexWriter(path, plan_shards(node_chunk, int(node_chunk[-1]) + 1, shard_nodes))
+    writer.write_array("node_embeddings", emb)
+    ray.init(num_cpus=workers, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    try:
+        cluster = RayCluster(RayConfig(ray=True, ray_workers=workers))
+        start = time.perf_counter()
+        knn_of_shards(cluster, writer, k, "auto", None, probes)
+        seconds = time.perf_counter() - start
+        peak = max(ray_worker_peaks())
+    finally:
+        ray.shutdown()
+    got = np.concatenate([np.load(writer.data / s.file("knn_indices.npy")) for s in writer.shards])
+    scores = np.concatenate([np.load(writer.data / s.file("knn_scores.npy")) for s in writer.shards])
+    writer.abort()
+    return seconds, got, scores, peak, len(writer.shards)
+
+
+def knn_rows(root: Path, n: int, dim: int, shard_nodes: int, workers_list: list[int], k: int, probes) -> None:
+    """The kNN graph of ``n`` synthetic nodes in shards, exact and (``probes``) approximate: one process
+    (``knn.knn_graph``) against a Ray task per shard reading the shards' files (``distributed.knn_of_shards``),
+    W workers each; the approximate graph's edge recall against the exact one."""
+    from qcg_gpu.index_format import load_array
     from qcg_gpu.indexing.knn import knn_graph
 
     path = root / f"knn{n}"
     write_synthetic(path, n, dim, shard_nodes, k)
     emb = np.asarray(load_array(path, "node_embeddings"))
-    node_chunk = np.arange(n) // NODES_PER_CHUNK
     exact = None
     for mode_probes in [None] + ([probes] if probes else []):
+        baseline = sharded_knn(root / "knn-baseline", emb[:2000], 1000, 1, k, mode_probes)[3]
         start = time.perf_counter()
         want = knn_graph(emb, k, probes=mode_probes)
         one_s = time.perf_counter() - start
         exact = exact or want
         for workers in workers_list:
-            shards = plan_shards(node_chunk, int(node_chunk[-1]) + 1, shard_nodes)
-            writer = IndexWriter(root / f"knn{n}-w{workers}", shards)
-            writer.write_array("node_embeddings", emb)
-            ray.init(num_cpus=workers, include_dashboard=False, configure_logging=False, log_to_driver=False)
-            try:
-                cluster = RayCluster(RayConfig(ray=True, ray_workers=workers))
-                start = time.perf_counter()
-                knn_of_shards(cluster, writer, k, "auto", None, mode_probes)
-                seconds = time.perf_counter() - start
-            finally:
-                ray.shutdown()
-            got = np.concatenate([np.load(writer.data / s.file("knn_indices.npy")) for s in writer.shards])
-            scores = np.concatenate([np.load(writer.data / s.file("knn_scores.npy")) for s in writer.shards])
+            seconds, got, scores, peak, shards = sharded_knn(
+                root / f"knn{n}-w{workers}", emb, shard_nodes, workers, k, mode_probes
+            )
             equal = np.array_equal(got, want.indices) and np.array_equal(scores, want.scores)
-            writer.abort()
             row = {"part": "knn", "knn": "exact" if mode_probes is None else "approximate", "probes": mode_probes}
-            row |= {"nodes": n, "workers": workers, "shards": len(shards), "equal": bool(equal)}
+            row |= {"nodes": n, "workers": workers, "shards": shards, "equal": bool(equal)}
             row |= {"knn_seconds": round(seconds, 1), "one_process_knn_seconds": round(one_s, 1)}
+            row |= {"worker_peak_rss_bytes": peak, "baseline_worker_rss_bytes": baseline}
+            row |= {"shard_bytes": shard_nodes * dim * 4}
             if mode_probes is not None:
                 found = (got.reshape(n, -1)[:, :, None] == exact.indices.reshape(n, -1)[:, None, :]).any(2)
                 row["edge_recall"] = round(float(found.mean()), 4)

@@ -99,6 +99,23 @@ def brute_force_ivf(emb: np.ndarray, centroids: np.ndarray, k: int, probes: int)
     return rows
 
 
+@pytest.mark.parametrize("backend,device", BACKENDS)
+def test_rows_ranked_block_by_block_are_ranked_as_one_block(backend, device, monkeypatch):
+    """best_in ranks RANK_ROWS rows at a time (a shard task's memory does not grow with its rows): the
+    same ids and scores as all rows at once, with ties past the candidates and a floor on entry."""
+    from qcg_gpu.indexing import ranking
+
+    emb = unit_rows(np.random.default_rng(5), 300, 16)
+    emb[40:80] = emb[40]
+    row_ids, floor = np.arange(300), np.where(np.arange(300) % 3 == 0, 0.2, -np.inf)
+    whole = ranking.best_in(emb, row_ids, emb, row_ids, 6, backend, device, floor)
+    monkeypatch.setattr(ranking, "RANK_ROWS", 7)
+    blocks = ranking.best_in(emb, row_ids, emb, row_ids, 6, backend, device, floor)
+    np.testing.assert_array_equal(blocks[0], whole[0])
+    np.testing.assert_array_equal(blocks[1], whole[1])
+    assert (whole[0][40, :6] == [41, 42, 43, 44, 45, 46]).all()  # a tie past the candidates: lower ids
+
+
 def test_ivf_lists_and_their_training_sample_stay_bounded_at_a_billion_nodes():
     """~4 sqrt(N) lists up to 268M nodes (graphs built before the cap are unchanged), then 65,536 lists
     trained on 4.2M rows: 6.4 GB of 384-d embeddings in the one trainer, not 12 GB (issue 36)."""

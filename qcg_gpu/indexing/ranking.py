@@ -20,6 +20,9 @@ from ..retrieval.bounds import float32_roundoff
 CANDIDATE_MARGIN = 8
 PAD = np.iinfo(np.int64).max  # the id of a missing edge while rows are merged (score -inf)
 SIMILARITY_TILE_ELEMENTS = 1 << 28  # 1 GiB of float32 similarities per tile
+# Rows ranked against a block at a time: their candidate arrays (a few of rows x (k + 9) x 8 bytes) stay
+# ~30 MB however large a shard is, so a shard task holds its rows and one other shard, and little more.
+RANK_ROWS = 16384
 
 
 def degree(k: int, n: int) -> int:
@@ -52,11 +55,13 @@ def search(queries: np.ndarray, base: np.ndarray, width: int, backend: str = "au
 
 def faiss_candidates(queries: np.ndarray, base: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
     faiss = require("faiss")
-    index = faiss.IndexFlatIP(base.shape[1])
+    queries, base = np.ascontiguousarray(queries), np.ascontiguousarray(base)
     if faiss_gpus() > 0:
-        index = faiss.index_cpu_to_all_gpus(index)
-    index.add(np.ascontiguousarray(base))
-    sims, ids = index.search(np.ascontiguousarray(queries), width)
+        index = faiss.index_cpu_to_all_gpus(faiss.IndexFlatIP(base.shape[1]))
+        index.add(base)
+        sims, ids = index.search(queries, width)
+    else:  # IndexFlatIP's search without the index's copy of ``base``
+        sims, ids = faiss.knn(queries, base, width, metric=faiss.METRIC_INNER_PRODUCT)
     return ids.astype(np.int64), np.where(ids >= 0, sims, -np.inf)
 
 
@@ -108,10 +113,22 @@ def best_in(rows, row_ids, base, base_ids, k: int, backend="auto", device=None, 
     """Each row's k best nodes of ``base`` (node ids ``base_ids``) but itself (``row_ids``; None: no row
     is a node of ``base``), by exact float64 score, ties by lower id: :func:`rank_candidates`'s rule over
     one block (candidates from a float32 search; a row whose k-th score ties its weakest candidate is
-    ranked over the whole block). Padded with id ``PAD``, score -inf.
+    ranked over the whole block). Padded with id ``PAD``, score -inf. RANK_ROWS rows at a time.
 
     ``skip_below`` (per row, from :func:`entry_floor`): a candidate whose float32 similarity is below it
     cannot enter the caller's k best, so it is not rescored (it counts as missing)."""
+    if len(rows) <= RANK_ROWS:
+        return _best_in_block(rows, row_ids, base, base_ids, k, backend, device, skip_below)
+    parts = []
+    for start in range(0, len(rows), RANK_ROWS):
+        part = slice(start, start + RANK_ROWS)
+        ids, floor = (None if x is None else x[part] for x in (row_ids, skip_below))
+        parts.append(_best_in_block(rows[part], ids, base, base_ids, k, backend, device, floor))
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def _best_in_block(rows, row_ids, base, base_ids, k: int, backend, device, skip_below):
+    """:func:`best_in` of one block of rows."""
     width = min(len(base), k + 1 + CANDIDATE_MARGIN)
     if width == 0:
         return empty_rows(len(rows), k)
@@ -160,7 +177,7 @@ def empty_rows(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 def row_norms(x: np.ndarray) -> np.ndarray:
     """Each row's length, rounded up a little (the float32 computation's error is far smaller)."""
-    return np.linalg.norm(x, axis=1).astype(np.float64) * (1 + 1e-4)
+    return np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64)) * (1 + 1e-4)  # no squared copy of x
 
 
 def merge_best(ids, scores, more_ids, more_scores, k: int):
