@@ -281,9 +281,10 @@ def _without_documents(stored: _Stored, doc_ids: list[str], config: IndexConfig,
     summary.documents, summary.chunks = len(set(doc_ids)), int((~keep_chunk).sum())
     summary.pairs_valid, summary.nodes = int((~keep_pair).sum()), int((~keep_node).sum())  # removed
     failed = [[int(new_chunk[c]), error] for c, error in stored.manifest.get("failed_chunks", []) if keep_chunk[c]]
-    earlier_ids = range_ids(stored.manifest.get("replies_from_earlier_runs", []))
-    earlier = chunk_ranges(new_chunk[earlier_ids[keep_chunk[earlier_ids]]])
-    manifest = {**stored.manifest, "failed_chunks": failed, "replies_from_earlier_runs": earlier}  # renumbered
+    manifest = {**stored.manifest, "failed_chunks": failed}  # renumbered like the chunks
+    if "replies_from_earlier_runs" in manifest:  # absent from indexes built before it was recorded
+        earlier = range_ids(manifest["replies_from_earlier_runs"])
+        manifest["replies_from_earlier_runs"] = chunk_ranges(new_chunk[earlier[keep_chunk[earlier]]])
     return _Stored(manifest, {"chunks": chunks, "pairs": pairs, "nodes": nodes}, arrays, graph)
 
 
