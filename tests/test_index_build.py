@@ -353,7 +353,10 @@ def test_retry_regenerates_only_the_failed_chunks_and_equals_a_rebuild(tmp_path,
     assert llm.asked == [1] and summary.generated_chunks == 1 and summary.documents == 1  # the rest from the cache
     repaired = read_manifest(tmp_path / "idx")
     assert repaired["failed_documents"] == {} and repaired["counts"]["chunks_failed"] == 0
-    assert repaired["history"][-1]["op"] == "retry"
+    retried, total = repaired["history"][-1], repaired["counts"]["chunks"]
+    assert retried["op"] == "retry" and retried["chunk_ids"] == [total - summary.chunks, total]  # re-added last
+    earlier = sum(stop - start for start, stop in retried["replies_from_earlier_runs"])
+    assert earlier == summary.chunks - 1 and "given by the caller (Recording)" in retried["llm_reproducibility"]
     # like --add: equal to a rebuild with the repaired document last
     docs = sorted(p for p in few_docs.iterdir())
     order = [d for d in docs if d.stem != failed_doc] + [d for d in docs if d.stem == failed_doc]

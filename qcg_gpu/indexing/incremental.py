@@ -114,12 +114,8 @@ def add_documents(
                 f"{len(clash)} documents are in the index already (remove them first to replace them): {clash[:5]}"
             )
         updated = _with_chunks(stored, chunks, config, summary, llm, embedder, cluster)
-        first = int(stored.manifest["counts"]["chunks"])
         change = {"op": "add", "documents": summary.documents, "chunks": len(chunks)}
-        change["chunk_ids"] = [first, first + len(chunks)]  # generated beside each other, not beside the rest
-        change["replies_from_earlier_runs"] = [[first + a, first + b] for a, b in summary.earlier_replies]
-        if config.nodes.nodes != "sentence":
-            change["llm_reproducibility"] = llm_reproducibility(summary)
+        change |= _batch_record(int(stored.manifest["counts"]["chunks"]), len(chunks), config, summary)
         _publish(index, updated, summary, change)
     return summary
 
@@ -160,8 +156,20 @@ def retry_failed(
         summary.documents, summary.chunks = len(failed), len(chunks)
         remaining = _without_documents(stored, list(failed), config, IndexSummary(out=index))
         updated = _with_chunks(remaining, chunks, config, summary, llm, embedder, cluster)
-        _publish(index, updated, summary, {"op": "retry", "documents": sorted(failed)})
+        change = {"op": "retry", "documents": sorted(failed)}
+        change |= _batch_record(remaining.tables["chunks"].num_rows, len(chunks), config, summary)
+        _publish(index, updated, summary, change)
     return summary
+
+
+def _batch_record(first: int, count: int, config: IndexConfig, summary: IndexSummary) -> dict:
+    """What an add or a retry records of its chunks: their ids (appended, generated beside each other,
+    not beside the rest), those whose reply an earlier run made, and what generated the others."""
+    record: dict = {"chunk_ids": [first, first + count]}
+    record["replies_from_earlier_runs"] = [[first + a, first + b] for a, b in summary.earlier_replies]
+    if config.nodes.nodes != "sentence":
+        record["llm_reproducibility"] = llm_reproducibility(summary)
+    return record
 
 
 def failed_documents(manifest: dict, chunks: pa.Table) -> dict[str, str]:
