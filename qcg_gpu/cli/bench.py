@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from ..config import GenerationConfig, GraphConfig, RetrievalConfig
+from ..config import GenerationConfig, GraphConfig, IndexConfig, RetrievalConfig
 from ..eval.bench import BenchConfig
-from .index import index_config
 from .options import add_options, resolve
 
 
@@ -29,7 +28,9 @@ def run(args) -> int:
 
     config = resolve(BenchConfig(), args).validate()
     retrieval = resolve(RetrievalConfig(), args)
-    settings = index_config(args)  # the order of a build's: defaults < config file < the options given
+    settings = IndexConfig()  # the parts measured read [graph] and [generation]: defaults < config file < options
+    for section in (settings.graph, settings.generation):  # (--nodes and --device are the bench's own)
+        resolve(section, args)
     rows = []
     for row in measure(config, retrieval, settings):
         rows.append(row)
