@@ -139,7 +139,7 @@ class Prefilter:
     error bound (``bounds.py``) of the n best are rescored exactly; rows with too many near-ties are
     flagged. A subclass gives the precision: the nodes' copy, a query tile's copy with its bound, the GEMM."""
 
-    rows, cols = 512, 8192  # queries x nodes per GEMM: measured fastest with AMX (bf16) and VNNI (int8)
+    rows, cols = 512, 8192  # queries x nodes per GEMM (its rate per precision: benchmarks/bench_gemm.py, RESULTS.md)
     spare = 256  # candidates kept per query beyond 4n before a row counts as near-ties (rescored over every node)
     nodes_low: Any  # the nodes in the GEMM's precision (a torch tensor)
     output_dtype: Any  # the GEMM's output dtype, and the dtype its bits are read as keys in
