@@ -201,6 +201,22 @@ def _sample_split(tmp_path, n_old: int):
     return dirs["old"], dirs["new"], dirs["all"], [p.relative_to(SAMPLE_DOCS).with_suffix("").as_posix() for p in every]
 
 
+def test_remove_keeps_an_old_index_without_a_list_of_earlier_replies(tmp_path, embedder):
+    """An index built before replies_from_earlier_runs was recorded does not gain an empty list on
+    remove: it would claim that no reply came from an earlier run."""
+    import json
+
+    old, _, _ = _split_docs(tmp_path, 3, 1)
+    build_index(old, tmp_path / "idx", _config(tmp_path, nodes="sentence"), embedder=embedder)
+    doomed = sorted(p.stem for p in old.glob("*.txt"))[:1]
+    manifest_file = tmp_path / "idx" / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    assert manifest.pop("replies_from_earlier_runs") == []  # sentence nodes: no LLM replies at all
+    manifest_file.write_text(json.dumps(manifest))
+    remove_documents(tmp_path / "idx", doomed)
+    assert "replies_from_earlier_runs" not in read_manifest(tmp_path / "idx")
+
+
 def test_updates_equal_rebuilds_bit_for_bit_on_chat_logs_full_of_near_ties(tmp_path, embedder):
     """Chat logs hold many near-identical sentences ("Great!", "Thanks!", emoji-only lines): with
     embeddings that depended on their batch, near-ties flipped and kNN rows differed (issue 15)."""
