@@ -240,20 +240,17 @@ class ReplyStoreConfig:
         return self
 
 
-# The options of the answering (and judging) LLM of qcg answer and qcg eval: which LLM and how it runs.
-ANSWERING_LLM_CONCERNS = (LLMConfig, VLLMEngineConfig, OpenAIClientConfig)
-GENERATION_CONCERNS = (LLMConfig, Doc2QueryConfig, VLLMEngineConfig, OpenAIClientConfig, ReplyStoreConfig)
-
-
 @dataclass
 class GenerationConfig(ReplyStoreConfig, OpenAIClientConfig, VLLMEngineConfig, Doc2QueryConfig, LLMConfig):
-    """The [generation] table and the Doc2Query stage's settings: the fields of GENERATION_CONCERNS in one
-    flat table (a dataclass takes its bases' fields from the last base to the first, hence the order)."""
+    """The [generation] table and the Doc2Query stage's settings: the fields of its bases, the concerns, in
+    one flat table (a dataclass takes its bases' fields from the last base to the first, hence the order)."""
 
     def validate(self) -> GenerationConfig:
         check_choices(self)
-        for concern in (Doc2QueryConfig, VLLMEngineConfig, OpenAIClientConfig, ReplyStoreConfig):
-            concern.validate(self)
+        for concern in GENERATION_CONCERNS:
+            own_checks = vars(concern).get("validate")  # LLMConfig has none: its checks involve other concerns
+            if own_checks:
+                own_checks(self)
         if self.backend == "openai" and not self.base_url:
             raise QCGError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
         if self.backend == "openai" and self.compact_json:
@@ -263,3 +260,8 @@ class GenerationConfig(ReplyStoreConfig, OpenAIClientConfig, VLLMEngineConfig, D
         if self.backend == "openai" and self.batch_invariant:
             raise QCGError("--batch-invariant is the in-process engine's: start the server with VLLM_BATCH_INVARIANT=1")
         return self
+
+
+GENERATION_CONCERNS = GenerationConfig.__bases__[::-1]  # LLMConfig, Doc2QueryConfig, ..., ReplyStoreConfig
+# The options of the answering (and judging) LLM of qcg answer and qcg eval: which LLM and how it runs.
+ANSWERING_LLM_CONCERNS = (LLMConfig, VLLMEngineConfig, OpenAIClientConfig)
