@@ -22,8 +22,8 @@ task per node shard reading the shards' files (what a sharded ``--ray`` build ru
 --knn-probes P, the approximate (IVF) graph the same way, and its ``edge_recall`` against the exact
 one. ``worker_peak_rss_bytes`` is the largest VmHWM among the Ray worker processes that ran the tasks,
 beside ``baseline_worker_rss_bytes`` (the same build of a 2,000-node index) and ``shard_bytes`` (the
-largest shard's embeddings): the tasks hold two shards at most. (Exact kNN at 2M nodes is hours on 2
-cores: O(N^2).) --nodes 0 runs this part alone.
+largest shard's embeddings), to read the peak in shards (RESULTS.md: two shards and buffers that do not
+grow with them). (Exact kNN at 2M nodes is hours on 2 cores: O(N^2).) --nodes 0 runs this part alone.
 
     python benchmarks/bench_sharded.py --nodes 2000000 --workers 1 2 4
 """
