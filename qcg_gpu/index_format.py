@@ -606,13 +606,18 @@ def _load_parquet(index, filename: str, checked: dict | None, layout: dict | Non
         raise QCGError(f"index {index_root(index)} is missing {filename}")
     if checked is not None:
         verify_file(index, filename, checked)
+    root = index_root(index)
     try:
-        with open(path, "rb") as fh:  # a Python file: audit hooks see it opened (``shard_backend.ShardActor``)
-            # pre_buffer's I/O threads, left reading a Python file, aborted the process at exit about
-            # one time in two ("terminate called without an active exception", exit status 134)
-            return pq.read_table(fh, pre_buffer=False)
+        # Read through Python (audit hooks see the file opened: ``shard_backend.ShardActor``) into memory
+        # Arrow owns: an Arrow thread that drops the last reference to a Python file or buffer takes the
+        # GIL, and at interpreter exit that aborts the process ("terminate called without an active
+        # exception", status 134; seen in one reader in ten under load)
+        with open(path, "rb") as fh:
+            data = pa.allocate_buffer(os.fstat(fh.fileno()).st_size)
+            if fh.readinto(memoryview(data)) != data.size:
+                raise OSError("the file changed size while it was read")
+        return pq.read_table(pa.BufferReader(data))
     except (OSError, pa.ArrowException) as exc:
-        root = index_root(index)
         raise QCGError(f"index {root}: {filename} is unreadable ({exc}); run: qcg check {root}") from exc
 
 
