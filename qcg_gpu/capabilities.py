@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import os
 import threading
+import warnings
 
 from .errors import QCGError
 
@@ -71,6 +72,18 @@ def with_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def read_only_tensor(array):
+    """A torch CPU tensor sharing ``array``'s memory, also when the array is a read-only memory map (an
+    index's node embeddings are): torch warns that writing to such a tensor is undefined, and callers of
+    this only read it."""
+    import numpy as np
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(np.ascontiguousarray(array))
 
 
 _exact_lock = threading.Lock()

@@ -1,4 +1,6 @@
 import itertools
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -494,3 +496,23 @@ def test_n_and_top_k_beyond_the_index_give_what_the_index_has(backend):
     assert huge.seed_ids.shape == (5, 300) and huge.chunk_ids.shape == (5, 40)
     for name in ("chunk_ids", "seed_ids", "n_selected"):
         np.testing.assert_array_equal(getattr(huge, name), getattr(exact, name))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_searching_a_memory_mapped_index_warns_of_nothing(tmp_path, backend):
+    """A loaded index's node embeddings are a read-only memory map; torch warned that tensors over it
+    are not writable (`qcg query` printed it). In a fresh process per backend: torch warns once."""
+    index = random_index(5, 300, 16, 3, n_chunks=40)
+    np.save(tmp_path / "nodes.npy", index.node_embeddings)
+    np.save(tmp_path / "queries.npy", queries_for(index, 5, 8))
+    np.savez(tmp_path / "graph.npz", indptr=index.knn_indptr, indices=index.knn_indices, chunk=index.node_chunk)
+    search = f"""
+import numpy as np
+from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever
+nodes = np.load(r"{tmp_path / "nodes.npy"}", mmap_mode="r")
+graph = np.load(r"{tmp_path / "graph.npz"}")
+index = QCGIndex(None, {{}}, nodes, graph["indptr"], graph["indices"], graph["chunk"], 40)
+Retriever(index, RetrievalConfig(gamma=0.5, **{backend!r})).search(np.load(r"{tmp_path / "queries.npy"}"))
+"""
+    run = subprocess.run([sys.executable, "-W", "error", "-c", search], capture_output=True, text=True)
+    assert run.returncode == 0 and not run.stderr, run.stderr[-2000:]

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..capabilities import cpu_kind, require
+from ..capabilities import cpu_kind, read_only_tensor, require
 from ..config import GraphConfig, IndexConfig, RetrievalConfig, option
 from ..errors import QCGError
 from ..indexing.knn import exact_rows, knn_graph
@@ -153,7 +153,7 @@ class TopkRoute:
     def __init__(self, index: QCGIndex, device: str = "cpu"):
         self.torch = require("torch")
         self.index, self.device = index, device
-        self.nodes = self.torch.from_numpy(index.node_embeddings).to(device)
+        self.nodes = read_only_tensor(index.node_embeddings).to(device)
 
     def search(self, queries: np.ndarray, config: RetrievalConfig) -> list[list[int]]:
         torch, rows = self.torch, tile_rows(self.index.n_nodes)

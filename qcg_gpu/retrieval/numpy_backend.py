@@ -9,12 +9,11 @@ over every node. So the seeds and their similarities are the same whatever the p
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import Any
 
 import numpy as np
 
-from ..capabilities import WITH_TORCH, ieee_float32_matmul, int8_node_code_max, require
+from ..capabilities import WITH_TORCH, ieee_float32_matmul, int8_node_code_max, read_only_tensor, require
 from ..config import RetrievalConfig
 from ..errors import QCGError
 from ..kernels.structs import Candidates, Graph, Ranking, RowBounds
@@ -299,9 +298,7 @@ def float32_gemm(nodes: np.ndarray):
     if not WITH_TORCH:
         return lambda tile, col0, width, out: np.matmul(tile, nodes[col0 : col0 + width].T, out=out)
     torch = require("torch")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # a read-only memory map is fine: it is only read
-        nodes_t = torch.from_numpy(np.asarray(nodes))
+    nodes_t = read_only_tensor(nodes)
 
     def gemm(tile: np.ndarray, col0: int, width: int, out: np.ndarray) -> np.ndarray:
         with ieee_float32_matmul():

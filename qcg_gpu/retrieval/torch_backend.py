@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..capabilities import ieee_float32_matmul, require
+from ..capabilities import ieee_float32_matmul, read_only_tensor, require
 from ..config import RetrievalConfig
 from ..errors import QCGError
 from .bounds import bf16_error_bound, bf16_rounding, bound_from_norms, float32_roundoff, max_row_norm
@@ -35,7 +35,7 @@ class TorchBackend:
         self._gather_dot = gather_dot
         self.index, self.device = index, torch.device(device)
         n = len(index.node_embeddings)
-        self.nodes = torch.from_numpy(np.ascontiguousarray(index.node_embeddings)).to(self.device)
+        self.nodes = read_only_tensor(index.node_embeddings).to(self.device)
         degree = np.diff(index.knn_indptr)
         if n and not (degree == degree[0]).all():
             raise QCGError("the torch backend needs a kNN graph with the same degree on every row")
