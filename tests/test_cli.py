@@ -150,6 +150,26 @@ def test_the_python_api_takes_settings_in_the_order_the_cli_does(tmp_path):
         index_settings(graph={"knn": "approx"})  # a value outside the choices is refused, as on the command line
 
 
+def test_every_section_refuses_a_value_outside_its_choices():
+    """Through validate() too, which the Python API calls: IndexConfig(graph=GraphConfig(knn="approx"))
+    once built an exact graph without a word."""
+    import dataclasses
+
+    from qcg_gpu import build_index
+    from qcg_gpu.config import CONFIG_SECTIONS, GraphConfig, IndexConfig
+
+    checked = 0
+    for section in CONFIG_SECTIONS.values():
+        for f in dataclasses.fields(section):
+            if f.metadata.get("choices"):
+                with pytest.raises(QCGError, match=f"{f.name} must be one of"):
+                    section(**{f.name: "bogus"}).validate()
+                checked += 1
+    assert checked >= 10
+    with pytest.raises(QCGError, match="knn must be one of exact, approximate, got 'approx'"):
+        build_index("no-docs", "no-index", IndexConfig(graph=GraphConfig(knn="approx")))
+
+
 def test_a_preset_overrides_the_config_file_and_options_given_override_both(tmp_path):
     """The one order: defaults < config file < --preset < options given (the issue's case: a file
     written with gamma 1.5 no longer undoes --preset multihop-rag's gamma 1.0)."""

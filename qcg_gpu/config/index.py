@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ..errors import QCGError
 from .generation import GenerationConfig
-from .utils import option, result_fields
+from .utils import check_choices, option, result_fields
 
 NODE_MODES = ("qa", "q", "a", "sentence")
 
@@ -67,6 +67,7 @@ class NodeConfig:
     embedding_dtype: str = option("float32", "dtype of node_embeddings.npy.", ("float32", "float16"))
 
     def validate(self) -> NodeConfig:
+        check_choices(self)
         if not 0 < self.alpha <= 1:
             raise QCGError(f"alpha must be in (0, 1], got {self.alpha}")
         if self.embed_batch_size < 1:
@@ -104,6 +105,7 @@ class GraphConfig:
     )
 
     def validate(self) -> GraphConfig:
+        check_choices(self)
         if self.knn_k < 1:
             raise QCGError(f"knn_k must be >= 1, got {self.knn_k}")
         if self.knn_probes < 1:
