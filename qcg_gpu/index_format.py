@@ -123,6 +123,24 @@ def plan_shards(node_chunk: np.ndarray, n_chunks: int, shard_nodes: int | None) 
     return shards
 
 
+def plan_added_shards(old: list[Shard], node_chunk: np.ndarray, n_chunks: int, shard_nodes: int | None) -> list[Shard]:
+    """The shards of nodes added after the ``old`` shards (``node_chunk``: global chunk ids, ``n_chunks``:
+    the chunk count after the add), cut as :func:`plan_shards` cuts, numbered and named after them."""
+    first_node, first_chunk = old[-1].nodes[1], old[-1].chunks[1]
+    planned = plan_shards(np.asarray(node_chunk) - first_chunk, n_chunks - first_chunk, shard_nodes)
+    added = [
+        Shard(
+            f"{len(old) + i:05d}",
+            (first_node + s.nodes[0], first_node + s.nodes[1]),
+            (first_chunk + s.chunks[0], first_chunk + s.chunks[1]),
+        )
+        for i, s in enumerate(planned)
+    ]
+    if {s.name for s in old} & {s.name for s in added}:
+        raise QCGError(f"the index's shards are not named 00000 to {len(old) - 1:05d}: cannot name new ones")
+    return added
+
+
 def index_shards(manifest: dict) -> list[Shard]:
     """The shards a manifest lists; empty for an index stored whole."""
     return [Shard.from_dict(entry) for entry in manifest.get("shards", [])]
@@ -224,8 +242,10 @@ class IndexWriter:
         fcntl.flock(self._writing, fcntl.LOCK_EX)  # another writer's clean-up leaves this version alone
         self.files: dict[str, str] = {}
 
-    def write_table(self, name: str, table) -> None:
-        """A table, whole (a pyarrow Table) or as its parts in order (an iterable of Tables, at least one)."""
+    def write_table(self, name: str, table, from_shard: int = 0) -> None:
+        """A table, whole (a pyarrow Table) or as its parts in order (an iterable of Tables, at least one).
+        ``from_shard``: the rows are those of this shard and the ones after it (an add writes its new shards
+        only; the shards before are reused, :meth:`reuse_file`)."""
         import pyarrow as pa
 
         parts = iter([table] if isinstance(table, pa.Table) else table)
@@ -236,11 +256,12 @@ class IndexWriter:
                     file.add(part)
             return
         # rows go to the shard holding their chunk (tables are in chunk order): one shard file open at a time
-        starts = np.array([s.chunks[0] for s in self.shards[1:]])
+        starts = np.array([s.chunks[0] for s in self.shards[from_shard + 1 :]])
         counts = [0] * len(self.shards)
-        current, file = 0, self._parquet(self.shards[0].file(f"{name}.parquet"), first.schema)
+        current = from_shard
+        file = self._parquet(self.shards[current].file(f"{name}.parquet"), first.schema)
         for part in itertools.chain([first], parts):
-            owner = np.searchsorted(starts, part.column("chunk_id").to_numpy(), side="right")
+            owner = from_shard + np.searchsorted(starts, part.column("chunk_id").to_numpy(), side="right")
             if (np.diff(owner) < 0).any() or (len(owner) and owner[0] < current):
                 file.close()
                 raise QCGError(f"{name} rows are not in chunk order: they cannot be stored as shards")
@@ -256,25 +277,30 @@ class IndexWriter:
         for shard in self.shards[current + 1 :]:
             self._parquet(shard.file(f"{name}.parquet"), first.schema).close()
         if name == "pairs":
-            ends = np.cumsum(counts).tolist()
-            self.shards = [replace(s, pairs=(e - c, e)) for s, c, e in zip(self.shards, counts, ends)]
+            first_pair = self.shards[from_shard - 1].pairs[1] if from_shard else 0
+            ends = (first_pair + np.cumsum(counts[from_shard:])).tolist()
+            self.shards = self.shards[:from_shard] + [
+                replace(s, pairs=(e - c, e)) for s, c, e in zip(self.shards[from_shard:], counts[from_shard:], ends)
+            ]
 
     def _parquet(self, filename: str, schema) -> _ParquetFile:
         return _ParquetFile(self, filename, schema)
 
-    def write_array(self, name: str, array: np.ndarray | ArrayParts) -> None:
+    def write_array(self, name: str, array: np.ndarray | ArrayParts, from_shard: int = 0) -> None:
         """An array, whole or as :class:`ArrayParts` (the same .npy file either way); in a sharded index, each
-        shard's rows of it (an embedding array: ``ROWS_OF`` names its id space)."""
+        shard's rows of it (an embedding array: ``ROWS_OF`` names its id space), from shard ``from_shard``
+        on (:meth:`write_table`)."""
         if isinstance(array, np.ndarray):
             array = ArrayParts(array.shape, array.dtype, [array])
         if self.shards is None or name not in ROWS_OF:
             self._write_npy(f"{name}.npy", array)
             return
-        bounds = [shard.rows(ROWS_OF[name]) for shard in self.shards]
-        if bounds[-1][1] != array.shape[0]:
-            raise QCGError(f"{name}: {array.shape[0]} rows, the shards hold {bounds[-1][1]}")
+        shards = self.shards[from_shard:]
+        bounds = [shard.rows(ROWS_OF[name]) for shard in shards]
+        if bounds[-1][1] - bounds[0][0] != array.shape[0]:
+            raise QCGError(f"{name}: {array.shape[0]} rows, the shards hold {bounds[-1][1] - bounds[0][0]}")
         blocks = RowBlocks(iter(array.parts))
-        for shard, (lo, hi) in zip(self.shards, bounds):
+        for shard, (lo, hi) in zip(shards, bounds):
             shape = (hi - lo, *array.shape[1:])
             self._write_npy(shard.file(f"{name}.npy"), ArrayParts(shape, array.dtype, blocks.take(hi - lo)))
 
@@ -288,6 +314,18 @@ class IndexWriter:
             lo, hi = shard.nodes
             first, last = int(indptr[lo]), int(indptr[hi])
             self.write_shard_graph(i, np.asarray(indptr[lo : hi + 1]) - first, indices[first:last], scores[first:last])
+
+    def reuse_file(self, source: Path, filename: str, sha256: str) -> None:
+        """A file of a published version, unchanged, as ``filename`` of this one (checksum ``sha256``, as
+        that version's manifest lists it): hard-linked where the file system allows (no bytes copied; no
+        writer ever changes a published file), else copied."""
+        path = self.data / filename
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source, path)
+        except OSError:
+            shutil.copyfile(source, path)
+        self.files[filename] = sha256
 
     def write_shard_graph(self, shard: int, indptr: np.ndarray, indices: np.ndarray, scores: np.ndarray) -> None:
         """Shard ``shard``'s kNN rows (indptr from 0, global node ids), as soon as they are ranked."""
@@ -581,15 +619,16 @@ def _load_npy(index, filename: str, mmap: bool, checked: dict | None, layout: di
         raise QCGError(f"index {root}: {filename} is unreadable ({exc}); run: qcg check {root}") from exc
 
 
-def load_table(index: str | Path, name: str, manifest: dict | None = None, verify: bool | None = None):
-    """A table of the index (a sharded index's shards joined); checksums checked as :func:`load_array` does."""
+def load_table(index: str | Path, name: str, manifest: dict | None = None, verify: bool | None = None, columns=None):
+    """A table of the index (a sharded index's shards joined), or only its ``columns``; checksums checked as
+    :func:`load_array` does."""
     import pyarrow as pa
 
     verify = manifest is not None if verify is None else verify
     layout = _layout(index, manifest)
     shards = index_shards(layout) if layout else []
     files = [s.file(f"{name}.parquet") for s in shards] or [f"{name}.parquet"]
-    return pa.concat_tables([_load_parquet(index, f, layout if verify else None, layout) for f in files])
+    return pa.concat_tables([_load_parquet(index, f, layout if verify else None, layout, columns) for f in files])
 
 
 def load_shard_table(index: str | Path, manifest: dict, shard: Shard, name: str, verify: bool = True):
@@ -597,7 +636,7 @@ def load_shard_table(index: str | Path, manifest: dict, shard: Shard, name: str,
     return _load_parquet(index, shard.file(f"{name}.parquet"), manifest if verify else None, manifest)
 
 
-def _load_parquet(index, filename: str, checked: dict | None, layout: dict | None):
+def _load_parquet(index, filename: str, checked: dict | None, layout: dict | None, columns=None):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -616,7 +655,7 @@ def _load_parquet(index, filename: str, checked: dict | None, layout: dict | Non
             data = pa.allocate_buffer(os.fstat(fh.fileno()).st_size)
             if fh.readinto(memoryview(data)) != data.size:
                 raise OSError("the file changed size while it was read")
-        return pq.read_table(pa.BufferReader(data))
+        return pq.read_table(pa.BufferReader(data), columns=columns)
     except (OSError, pa.ArrowException) as exc:
         raise QCGError(f"index {root}: {filename} is unreadable ({exc}); run: qcg check {root}") from exc
 

@@ -10,8 +10,8 @@ import pytest
 from qcg_gpu import build_index
 from qcg_gpu.embedding import Embedder
 from qcg_gpu.errors import QCGError
-from qcg_gpu.index_format import load_array, load_table, read_manifest
-from qcg_gpu.indexing.incremental import add_documents, remove_documents
+from qcg_gpu.index_format import index_shards, load_array, load_table, read_manifest
+from qcg_gpu.indexing.incremental import _Stored, add_documents, remove_documents
 
 from .conftest import SAMPLE_DOCS, sample_docs
 from .test_index_build import Recording, _config
@@ -78,7 +78,7 @@ def test_sentence_nodes_add_and_remove_equal_rebuilds(tmp_path, embedder):
 
 
 @pytest.mark.llm
-def test_pair_nodes_add_generates_only_new_chunks_and_equals_a_rebuild(tmp_path, vllm_backend, embedder):
+def test_pair_nodes_add_generates_only_new_chunks_and_equals_a_rebuild(tmp_path, vllm_backend, embedder, monkeypatch):
     old, new, every = _split_docs(tmp_path, 3, 2)
     config = _config(tmp_path)
     build_index(old, tmp_path / "grown", config, llm=vllm_backend, embedder=embedder)
@@ -104,6 +104,20 @@ def test_pair_nodes_add_generates_only_new_chunks_and_equals_a_rebuild(tmp_path,
     assert doomed not in load_table(tmp_path / "full", "chunks").column("doc_id").to_pylist()
     left = load_table(tmp_path / "full", "chunks").num_rows
     assert left < chunks and read_manifest(tmp_path / "full")["replies_from_earlier_runs"] == [[0, left]]  # renumbered
+
+    # the same in node shards (replies from the cache): the add makes new shards and the remove rewrites
+    # each, neither loading the index whole; k = 1 so that the few nodes keep their degree
+    config.graph.shard_nodes, config.graph.knn_k = 1, 1
+    build_index(old, tmp_path / "sharded", config, llm=vllm_backend, embedder=embedder)
+    monkeypatch.setattr(_Stored, "load", lambda index: pytest.fail("a sharded update loaded the index whole"))
+    add_documents(tmp_path / "sharded", new, config, llm=vllm_backend, embedder=embedder)
+    build_index(every, tmp_path / "sharded_full", config, llm=vllm_backend, embedder=embedder)
+    assert_same_index(tmp_path / "sharded", tmp_path / "sharded_full")
+    remove_documents(tmp_path / "sharded", [doomed])
+    assert len(index_shards(read_manifest(tmp_path / "sharded"))) > 2
+    rest = _docs_but(every, [doomed], tmp_path / "rest")
+    build_index(rest, tmp_path / "sharded_rest", config, llm=vllm_backend, embedder=embedder)
+    assert_same_index(tmp_path / "sharded", tmp_path / "sharded_rest")
 
 
 @pytest.mark.llm

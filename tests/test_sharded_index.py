@@ -3,6 +3,7 @@ checksummed, and the joined shards equal to the same build stored whole (real bu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -34,10 +35,11 @@ from .conftest import sample_docs
 SHARD_NODES = 60
 
 
-def sentence_config(shard_nodes: int | None = None) -> IndexConfig:
+def sentence_config(shard_nodes: int | None = None, knn_k: int | None = None) -> IndexConfig:
     config = IndexConfig()
     config.nodes.nodes, config.nodes.device = "sentence", "cpu"
     config.graph.shard_nodes = shard_nodes
+    config.graph.knn_k = knn_k or config.graph.knn_k
     return config
 
 
@@ -225,8 +227,14 @@ def test_query_on_ray_reads_shards_and_refuses_bad_input(whole_and_sharded, tmp_
     assert len(damaged.stderr.strip().splitlines()) == 1, damaged.stderr
 
 
-def test_add_and_remove_on_a_sharded_index_equal_sharded_rebuilds(tmp_path, embedder):
+def test_add_and_remove_on_a_sharded_index_equal_sharded_rebuilds(tmp_path, embedder, monkeypatch):
+    from qcg_gpu.indexing import incremental
     from qcg_gpu.indexing.incremental import add_documents, remove_documents
+
+    def whole(path):
+        raise AssertionError(f"{path} was loaded whole")
+
+    monkeypatch.setattr(incremental._Stored, "load", whole)  # neither update may take the whole-index path
 
     from .test_incremental import _docs_but, _split_docs
     from .test_incremental import assert_same_index as assert_equivalent  # floats to 1e-5: batches differ
@@ -234,18 +242,29 @@ def test_add_and_remove_on_a_sharded_index_equal_sharded_rebuilds(tmp_path, embe
     old, new, every = _split_docs(tmp_path, 4, 4)
     config = sentence_config(SHARD_NODES)
     build_index(old, tmp_path / "grown", config, embedder=embedder)
+    before = read_manifest(tmp_path / "grown")
     add_documents(tmp_path / "grown", new, config, embedder=embedder)
     build_index(every, tmp_path / "full", config, embedder=embedder)
     assert_equivalent(tmp_path / "grown", tmp_path / "full")
-    grown = index_shards(read_manifest(tmp_path / "grown"))
-    assert len(grown) > 2 and grown == index_shards(read_manifest(tmp_path / "full"))
-    assert check_index(tmp_path / "grown") == []
+    # the add wrote new shards after the old ones, whose files it kept (hard links) but for their kNN rows
+    after = read_manifest(tmp_path / "grown")
+    kept, grown = index_shards(before), index_shards(after)
+    assert len(kept) >= 2 and grown[: len(kept)] == kept and len(grown) > len(kept)
+    for name in ("nodes.parquet", "chunks.parquet", "node_embeddings.npy", "knn_indices.npy"):
+        inode = [(data_dir(tmp_path / "grown", m) / kept[0].file(name)).stat().st_ino for m in (before, after)]
+        assert (inode[0] == inode[1]) == (name != "knn_indices.npy"), name
+    assert after["history"][-1]["op"] == "add" and check_index(tmp_path / "grown") == []
 
+    # the remove went shard by shard: the old shards, less what was removed, renumbered (none reused)
     removed = sorted(p.stem for p in old.glob("*.txt"))[:2]
     remove_documents(tmp_path / "grown", removed)
     build_index(_docs_but(every, removed, tmp_path / "rest"), tmp_path / "rest_index", config, embedder=embedder)
     assert_equivalent(tmp_path / "grown", tmp_path / "rest_index")
-    assert index_shards(read_manifest(tmp_path / "grown")) == index_shards(read_manifest(tmp_path / "rest_index"))
+    shrunk = index_shards(read_manifest(tmp_path / "grown"))
+    assert 2 <= len(shrunk) <= len(grown) and [s.name for s in shrunk] == [f"{i:05d}" for i in range(len(shrunk))]
+    assert shrunk[-1].nodes[1] - shrunk[-1].nodes[0] == grown[-1].nodes[1] - grown[-1].nodes[0]  # untouched: moved
+    assert read_manifest(tmp_path / "grown")["history"][-1]["op"] == "remove"
+    assert check_index(tmp_path / "grown") == []
 
 
 def test_a_ray_build_writes_the_same_shards(whole_and_sharded, tmp_path, cluster):
@@ -262,6 +281,25 @@ def test_a_ray_build_writes_the_same_shards(whole_and_sharded, tmp_path, cluster
         cluster.config = saved
     assert index_shards(read_manifest(tmp_path / "ray")) == index_shards(read_manifest(sharded))
     assert_same_index(sharded, tmp_path / "ray")
+
+
+def test_an_add_on_ray_grows_the_same_shards(tmp_path, embedder, cluster):
+    """An add to a sharded index with a cluster (a Ray task per shard grows its kNN rows) equals the one in
+    this process, file for file."""
+    from qcg_gpu.indexing.incremental import add_documents
+
+    from .test_incremental import _split_docs
+
+    old, new, _ = _split_docs(tmp_path, 4, 4)
+    config = sentence_config(SHARD_NODES)
+    build_index(old, tmp_path / "here", config, embedder=embedder)
+    shutil.copytree(tmp_path / "here", tmp_path / "ray")
+    before = index_shards(read_manifest(tmp_path / "here"))
+    add_documents(tmp_path / "here", new, config, embedder=embedder)
+    add_documents(tmp_path / "ray", new, config, embedder=embedder, cluster=cluster)
+    grown = index_shards(read_manifest(tmp_path / "ray"))
+    assert grown[: len(before)] == before and len(grown) > len(before)
+    assert_same_index(tmp_path / "here", tmp_path / "ray")
 
 
 def test_an_approximate_graph_built_on_ray_equals_one_process(whole_and_sharded, tmp_path, cluster):
@@ -305,6 +343,36 @@ def test_shard_by_shard_knn_equals_the_one_process_graph(whole_and_sharded, tmp_
     writer.abort()
     assert np.array_equal(np.concatenate([r[1] for r in rows]), want.indices)
     assert np.array_equal(np.concatenate([r[2] for r in rows]), want.scores)
+
+
+@pytest.mark.parametrize("data", ["real", "ties"])
+def test_growing_shards_equals_adding_nodes_in_one_process(whole_and_sharded, tmp_path, data):
+    """knn.grow_shards (each old shard's rows against the new nodes, each new shard's over every shard)
+    against knn.add_nodes on the same nodes: every edge and score equal. With ties, a new node tied with a
+    row's k-th edge stays out (it has the higher id), as in a rebuild."""
+    from qcg_gpu.index_format import ArrayParts, IndexWriter, plan_added_shards
+    from qcg_gpu.indexing.knn import add_nodes, grow_shards, knn_graph
+
+    emb = node_embeddings(whole_and_sharded[0], data)
+    n_old = len(emb) // 15 * 10  # at a chunk boundary (5 nodes a chunk)
+    old, new = emb[:n_old], emb[n_old:]
+    before, layout = write_node_shards(old, tmp_path / "before")
+    before.write_graph(*dataclasses.astuple(knn_graph(old, 4)))
+    node_chunk = np.arange(len(emb)) // 5
+    shards = before.shards + plan_added_shards(before.shards, node_chunk[n_old:], int(node_chunk[-1]) + 1, 37)
+    after = IndexWriter(tmp_path / "after", shards)
+    after.write_array("node_embeddings", ArrayParts(emb.shape, emb.dtype, [emb]))
+    grow_shards(after, before.data, layout, new, sentence_config(knn_k=4))
+    got = {
+        name: load_array(after.data, name, manifest={"shards": [s.to_dict() for s in shards]}, verify=False)
+        for name in ("knn_indices", "knn_scores")
+    }
+    before.abort(), after.abort()
+    want = add_nodes(knn_graph(old, 4), old, new, 4)
+    assert np.array_equal(got["knn_indices"], want.indices) and np.array_equal(got["knn_scores"], want.scores)
+    assert np.array_equal(want.indices, knn_graph(emb, 4).indices)
+    changed = (want.indices[: n_old * 4] != knn_graph(old, 4).indices).reshape(n_old, 4).any(axis=1)
+    assert 0 < changed.sum() < n_old  # some old rows took new nodes, some did not
 
 
 @pytest.mark.parametrize("data", ["real", "ties"])

@@ -15,7 +15,7 @@ over the pieces here); ``--add`` uses them on its new chunks directly.
 * kNN graph (:func:`knn_graph_of_parts`): row blocks searched and ranked exactly by
   tasks over the embeddings in Ray's shared-memory object store, then concatenated; of an index
   stored as node shards, a task per shard over the shards' files (:func:`knn_of_shards`, exact or
-  IVF).
+  IVF), and for an add to one, a task per shard growing its rows (:func:`grow_shards_on`).
 * Retrieval (``retrieval/ray_backend.py``): each worker holds the index (through the
   object store, zero-copy), the queries are split in order and the results put back together.
 
@@ -55,7 +55,7 @@ from ..llm.backends import (
 from ..log import engine_log_level, progress_bar, quiet
 from ..models import DEFAULT_EMBEDDER, DEFAULT_LLM, resolve_model
 from . import ivf
-from .knn import KnnGraph, exact_rows, knn_graph, shard_rows
+from .knn import KnnGraph, exact_rows, grown_shard_rows, knn_graph, shard_rows
 from .ranking import degree
 
 EMBED_BLOCK_BATCHES = 8  # embedder batches per block sent to one worker
@@ -111,6 +111,28 @@ def knn_of_shards(cluster: RayCluster, writer: IndexWriter, k: int, backend: str
         own_lists = [own for _, own in lists]  # in a list: each task fetches them one shard at a time
         task = ray.remote(**cluster.worker_resources)(_ivf_shard_rows)
         pending = {task.remote(data, layout, i, k, lists[i][0], own_lists, backend, device): i for i in shards}
+    _write_as_done(cluster, writer, pending)
+
+
+def grow_shards_on(cluster: RayCluster, writer: IndexWriter, data, manifest: dict, new: np.ndarray, config) -> None:
+    """:func:`knn.grow_shards` with a Ray task per shard: each old shard's rows grown against ``new`` (put
+    in the object store once), each new shard's searched over the writer's files (a shared file system on
+    several nodes), written as they come back."""
+    assert writer.shards is not None
+    cluster.release()
+    ray, n_old = cluster.ray, len(manifest["shards"])
+    backend, device, k = config.graph.knn_backend, config.nodes.device, config.graph.knn_k
+    old, layout = {"shards": manifest["shards"]}, {"shards": [s.to_dict() for s in writer.shards]}
+    grow, search = (ray.remote(**cluster.worker_resources)(f) for f in (grown_shard_rows, shard_rows))
+    added = ray.put(np.asarray(new, np.float32))
+    pending = {grow.remote(str(data), old, i, added, backend, device): i for i in range(n_old)}
+    for i in range(n_old, len(writer.shards)):
+        pending[search.remote(str(writer.data), layout, i, k, backend, device)] = i
+    _write_as_done(cluster, writer, pending)
+
+
+def _write_as_done(cluster: RayCluster, writer: IndexWriter, pending: dict) -> None:
+    """Write each shard's kNN rows as its task ends (``pending``: task -> shard): the driver holds one at a time."""
     with progress_bar(total=len(pending), desc="kNN shards", unit="shard") as bar:
         while pending:
             [done], _ = cluster.ray.wait(list(pending), num_returns=1)

@@ -9,6 +9,12 @@ renumbers the rest in order and re-searches only the rows that lost an out-neigh
 documents in the same order, and it is published as a new index version (readers are never
 disturbed; a failure leaves the index as it was). The index's own settings are used; options
 that would change results must match them.
+
+An index stored as node shards (``--shard-nodes``) may be larger than one machine, so an add does not
+load it: the new chunks become new shards after the old ones, whose files the new version keeps as
+they are (hard links) but for their kNN rows, grown one shard at a time (:func:`knn.grow_shards`). A
+remove rewrites it one shard at a time (:mod:`shard_removal`). Its shards are then cut differently
+from a rebuild's; its ids, rows and graph are the same. A retry still loads the index whole.
 """
 
 from __future__ import annotations
@@ -24,13 +30,24 @@ import pyarrow as pa
 from ..config import IndexConfig, result_fields
 from ..embedding import Embedder
 from ..errors import QCGError
-from ..index_format import update_lock
+from ..index_format import (
+    IndexWriter,
+    data_dir,
+    index_shards,
+    load_table,
+    plan_added_shards,
+    read_manifest,
+    update_lock,
+)
 from ..llm.backends import LLMBackend
 from ..retrieval import QCGIndex
 from .chunking import Chunk
 from .generation import generate_pairs
-from .knn import KnnGraph, add_nodes, remove_nodes
+from .knn import KnnGraph, add_nodes, grow_shards, remove_nodes
+from .ranking import degree
+from .shard_removal import EMBEDDINGS, Renumbering, keeps_degree, kept_embeddings, kept_tables, write_kept_rows
 from .stages import (
+    Embedded,
     IndexSummary,
     Pairs,
     chunk_ranges,
@@ -103,32 +120,81 @@ def add_documents(
     with a Ray ``cluster``, the new chunks' pairs and embeddings are made on its workers."""
     index = Path(index)
     with update_lock(index):
-        stored = _Stored.load(index)
-        config = index_settings(stored.manifest, options)
+        manifest = read_manifest(index)
+        config = index_settings(manifest, options)
         summary = IndexSummary(out=index)
         with stage(summary, "chunk"):
             chunks = read_chunks(input_path, config, summary)
-        clash = sorted({c.doc_id for c in chunks} & set(stored.doc_ids()))
+        doc_ids = load_table(index, "chunks", manifest, columns=["doc_id"])  # not the texts: the index may be huge
+        clash = sorted({c.doc_id for c in chunks} & set(doc_ids.column("doc_id").to_pylist()))
         if clash:
             raise QCGError(
                 f"{len(clash)} documents are in the index already (remove them first to replace them): {clash[:5]}"
             )
-        updated = _with_chunks(stored, chunks, config, summary, llm, embedder, cluster)
+        pairs, embedded = _new_nodes(manifest, chunks, config, summary, llm, embedder, cluster)
         change = {"op": "add", "documents": summary.documents, "chunks": len(chunks)}
-        change |= _batch_record(int(stored.manifest["counts"]["chunks"]), len(chunks), config, summary)
-        _publish(index, updated, summary, change)
+        change |= _batch_record(int(manifest["counts"]["chunks"]), len(chunks), config, summary)
+        publish_added(index, manifest, doc_ids, chunks, pairs, embedded, config, summary, change, cluster)
     return summary
+
+
+def publish_added(
+    index: Path,
+    manifest: dict,
+    doc_ids: pa.Table,
+    chunks: list[Chunk],
+    pairs: Pairs,
+    embedded: Embedded,
+    config: IndexConfig,
+    summary: IndexSummary,
+    change: dict,
+    cluster=None,
+) -> None:
+    """Publish ``index`` (``manifest``'s version; ``doc_ids``: its chunks' doc_id column) with ``chunks``
+    appended, their pairs and nodes made: as new shards of a sharded index, without loading it (a Ray
+    ``cluster`` grows the kNN rows, a task per shard); else loaded whole, as one shard."""
+    if adds_shards(manifest, len(embedded.node_embeddings), config.graph.knn_k):
+        _publish_new_shards(index, manifest, doc_ids, chunks, pairs, embedded, config, summary, change, cluster)
+    else:
+        _publish(index, _with_nodes(_Stored.load(index), chunks, pairs, embedded, config, summary), summary, change)
 
 
 def remove_documents(index: str | Path, doc_ids: list[str]) -> IndexSummary:
     """Remove the documents ``doc_ids`` (their chunks, pairs and nodes) from an index."""
     index = Path(index)
     with update_lock(index):
+        manifest = read_manifest(index)
+        config, summary = IndexConfig.from_dict(manifest["settings"]), IndexSummary(out=index)
+        change = {"op": "remove", "documents": sorted(set(doc_ids))}
+        if len(index_shards(manifest)) > 1:
+            chunk_docs = load_table(index, "chunks", manifest, columns=["doc_id"])
+            keep_chunk = _kept_chunks(np.array(chunk_docs.column("doc_id").to_pylist(), dtype=object), doc_ids)
+            ids = Renumbering.keeping(keep_chunk, *(_chunk_ids(index, manifest, name) for name in ("pairs", "nodes")))
+            if keeps_degree(ids, config.graph.knn_k):
+                _publish_kept_shards(
+                    index, manifest, chunk_docs.filter(pa.array(keep_chunk)), ids, config, summary, change
+                )
+                return summary
         stored = _Stored.load(index)
-        summary = IndexSummary(out=index)
-        updated = _without_documents(stored, doc_ids, IndexConfig.from_dict(stored.manifest["settings"]), summary)
-        _publish(index, updated, summary, {"op": "remove", "documents": sorted(set(doc_ids))})
+        _publish(index, _without_documents(stored, doc_ids, config, summary), summary, change)
     return summary
+
+
+def _chunk_ids(index: Path, manifest: dict, table: str) -> np.ndarray:
+    """The chunk_id column of a table of the index (one column, shard by shard)."""
+    return load_table(index, table, manifest, columns=["chunk_id"]).column("chunk_id").to_numpy()
+
+
+def _kept_chunks(chunk_docs: np.ndarray, doc_ids: list[str]) -> np.ndarray:
+    """Which chunks stay once ``doc_ids`` are removed (``chunk_docs``: each chunk's document); refused for
+    an unknown document, or when none would stay."""
+    unknown = sorted(set(doc_ids) - set(chunk_docs))
+    if unknown:
+        raise QCGError(f"{len(unknown)} documents are not in the index: {unknown[:5]}")
+    keep_chunk = ~np.isin(chunk_docs, list(doc_ids))
+    if not keep_chunk.any():
+        raise QCGError("removing every document would leave an empty index; delete the directory instead")
+    return keep_chunk
 
 
 def retry_failed(
@@ -155,7 +221,8 @@ def retry_failed(
         chunks = [Chunk(r["doc_id"], r["chunk_index"], r["n_tokens"], r["text"]) for r in rows]
         summary.documents, summary.chunks = len(failed), len(chunks)
         remaining = _without_documents(stored, list(failed), config, IndexSummary(out=index))
-        updated = _with_chunks(remaining, chunks, config, summary, llm, embedder, cluster)
+        pairs, embedded = _new_nodes(remaining.manifest, chunks, config, summary, llm, embedder, cluster)
+        updated = _with_nodes(remaining, chunks, pairs, embedded, config, summary)
         change = {"op": "retry", "documents": sorted(failed)}
         change |= _batch_record(remaining.tables["chunks"].num_rows, len(chunks), config, summary)
         _publish(index, updated, summary, change)
@@ -181,19 +248,24 @@ def failed_documents(manifest: dict, chunks: pa.Table) -> dict[str, str]:
     return failed
 
 
-def _with_chunks(
-    stored: _Stored,
+def adds_shards(manifest: dict, new_nodes: int, k: int) -> bool:
+    """Whether an add of ``new_nodes`` nodes goes into new shards (:func:`_publish_new_shards`): the index
+    is stored as shards, and its rows keep their degree (it has more than k nodes already)."""
+    n_old = manifest["counts"]["nodes"]
+    return len(index_shards(manifest)) > 1 and new_nodes > 0 and degree(k, n_old) == degree(k, n_old + new_nodes)
+
+
+def _new_nodes(
+    manifest: dict,
     chunks: list[Chunk],
     config: IndexConfig,
     summary: IndexSummary,
     llm: LLMBackend | None,
     embedder: Embedder | None,
     cluster,
-) -> _Stored:
-    """``stored`` with ``chunks`` appended: their pairs generated (cached ones reused), their texts
-    embedded and selected, their nodes added to the kNN graph. Refused, changing nothing, when a
-    chunk gets no LLM reply."""
-    manifest = stored.manifest
+) -> tuple[Pairs, Embedded]:
+    """The pairs of ``chunks`` (generated; cached ones reused), their texts embedded and selected into
+    nodes, as the index's models make them. Refused, changing nothing, when a chunk gets no LLM reply."""
     pairs = Pairs.empty()
     if config.nodes.nodes != "sentence":
         model_name = manifest["models"]["llm"]
@@ -221,6 +293,15 @@ def _with_chunks(
         )
     with stage(summary, "embed"):
         embedded = embed_and_select(chunks, pairs, config.nodes, embedder)
+    summary.pairs_valid, summary.pairs_kept = len(pairs), len(pairs.kept_rows())
+    return pairs, embedded
+
+
+def _with_nodes(
+    stored: _Stored, chunks: list[Chunk], pairs: Pairs, embedded: Embedded, config: IndexConfig, summary: IndexSummary
+) -> _Stored:
+    """``stored`` with ``chunks`` appended, their nodes added to the kNN graph."""
+    manifest = stored.manifest
     with stage(summary, "knn"):
         graph = add_nodes(
             stored.graph,
@@ -240,79 +321,162 @@ def _with_chunks(
         "node_embeddings": embedded.node_embeddings,
     }
     arrays = {name: np.concatenate([old, new_arrays[name].astype(old.dtype)]) for name, old in stored.arrays.items()}
-    summary.pairs_valid, summary.pairs_kept = len(pairs), len(pairs.kept_rows())
     summary.nodes, summary.edges = len(embedded.nodes.text), len(graph.indices)
-    counted = {
-        **manifest["counts"],
-        "pairs_dropped": dict(Counter(manifest["counts"].get("pairs_dropped", {})) + summary.dropped),
-    }
-    return _Stored({**manifest, "counts": counted}, tables, arrays, graph)
+    return _Stored({**manifest, "counts": _dropped_counted(manifest, summary)}, tables, arrays, graph)
+
+
+def _dropped_counted(manifest: dict, summary: IndexSummary) -> dict:
+    """The manifest's counts with the pairs this update dropped added (pairs_dropped: over every generation)."""
+    dropped = Counter(manifest["counts"].get("pairs_dropped", {})) + summary.dropped
+    return {**manifest["counts"], "pairs_dropped": dict(dropped)}
 
 
 def _without_documents(stored: _Stored, doc_ids: list[str], config: IndexConfig, summary: IndexSummary) -> _Stored:
     """``stored`` without the documents ``doc_ids``: the rest renumbered in order, the graph rows
     that lost an out-neighbour searched again."""
-    chunk_docs = stored.doc_ids()
-    unknown = sorted(set(doc_ids) - set(chunk_docs))
-    if unknown:
-        raise QCGError(f"{len(unknown)} documents are not in the index: {unknown[:5]}")
-    keep_chunk = ~np.isin(chunk_docs, list(doc_ids))
-    if not keep_chunk.any():
-        raise QCGError("removing every document would leave an empty index; delete the directory instead")
-    new_chunk = np.cumsum(keep_chunk) - 1
-    pair_chunk = stored.tables["pairs"].column("chunk_id").to_numpy()
-    keep_pair = keep_chunk[pair_chunk]
-    new_pair = np.cumsum(keep_pair) - 1
-    keep_node = keep_chunk[stored.tables["nodes"].column("chunk_id").to_numpy()]
-
+    keep_chunk = _kept_chunks(stored.doc_ids(), doc_ids)
+    ids = Renumbering.keeping(
+        keep_chunk, *(stored.tables[name].column("chunk_id").to_numpy() for name in ("pairs", "nodes"))
+    )
     with stage(summary, "knn"):
         graph = remove_nodes(
             stored.graph,
             np.asarray(stored.arrays["node_embeddings"], np.float32),
-            keep_node,
+            ids.nodes >= 0,
             config.graph.knn_k,
             config.graph.knn_backend,
             config.nodes.device,
         )
-    chunks = stored.tables["chunks"].filter(pa.array(keep_chunk))
-    chunks = chunks.set_column(0, "chunk_id", pa.array(np.arange(chunks.num_rows), pa.int64()))
-    pairs = stored.tables["pairs"].filter(pa.array(keep_pair))
-    pairs = pairs.set_column(0, "chunk_id", pa.array(new_chunk[pairs.column("chunk_id").to_numpy()], pa.int64()))
-    nodes = stored.tables["nodes"].filter(pa.array(keep_node))
-    sources = nodes.column("source_index").to_numpy()
-    nodes = nodes.set_column(0, "node_id", pa.array(np.arange(nodes.num_rows), pa.int64()))
-    nodes = nodes.set_column(1, "chunk_id", pa.array(new_chunk[nodes.column("chunk_id").to_numpy()], pa.int64()))
-    if config.nodes.nodes != "sentence":  # pair nodes name pairs.parquet rows, which moved
-        nodes = nodes.set_column(2, "source_index", pa.array(new_pair[sources], pa.int64()))
-    keep = {"chunk_embeddings": keep_chunk, "pair_embeddings": keep_pair, "node_embeddings": keep_node}
-    arrays = {name: stored.arrays[name][keep[name]] for name in ARRAYS}
-    summary.documents, summary.chunks = len(set(doc_ids)), int((~keep_chunk).sum())
-    summary.pairs_valid, summary.nodes = int((~keep_pair).sum()), int((~keep_node).sum())  # removed
-    failed = [[int(new_chunk[c]), error] for c, error in stored.manifest.get("failed_chunks", []) if keep_chunk[c]]
-    manifest = {**stored.manifest, "failed_chunks": failed}  # renumbered like the chunks
+    pair_nodes = config.nodes.nodes != "sentence"
+    tables = {name: ids.table(name, table, 0, pair_nodes) for name, table in stored.tables.items()}
+    arrays = {name: stored.arrays[name][getattr(ids, space) >= 0] for name, space in EMBEDDINGS.items()}
+    _count_removed(summary, ids, doc_ids)
+    return _Stored(_renumbered(stored.manifest, ids), tables, arrays, graph)
+
+
+def _count_removed(summary: IndexSummary, ids: Renumbering, doc_ids: list[str]) -> None:
+    summary.documents, summary.chunks = len(set(doc_ids)), int((ids.chunks < 0).sum())
+    summary.pairs_valid, summary.nodes = int((ids.pairs < 0).sum()), int((ids.nodes < 0).sum())  # removed
+
+
+def _renumbered(manifest: dict, ids: Renumbering) -> dict:
+    """The manifest's lists of chunk ids (failed chunks, replies from earlier runs), renumbered like the chunks."""
+    failed = [[int(ids.chunks[c]), error] for c, error in manifest.get("failed_chunks", []) if ids.chunks[c] >= 0]
+    manifest = {**manifest, "failed_chunks": failed}
     if "replies_from_earlier_runs" in manifest:  # absent from indexes built before it was recorded
-        earlier = range_ids(manifest["replies_from_earlier_runs"])
-        manifest["replies_from_earlier_runs"] = chunk_ranges(new_chunk[earlier[keep_chunk[earlier]]])
-    return _Stored(manifest, {"chunks": chunks, "pairs": pairs, "nodes": nodes}, arrays, graph)
+        earlier = ids.chunks[range_ids(manifest["replies_from_earlier_runs"])]
+        manifest["replies_from_earlier_runs"] = chunk_ranges(earlier[earlier >= 0])
+    return manifest
+
+
+def _publish_kept_shards(
+    index: Path,
+    manifest: dict,
+    doc_ids: pa.Table,
+    ids: Renumbering,
+    config: IndexConfig,
+    summary: IndexSummary,
+    change: dict,
+) -> None:
+    """Publish a sharded index without the chunks ``ids`` removes, one shard at a time (:mod:`shard_removal`):
+    nothing loads the whole index. ``doc_ids``: the doc_id column of the chunks that stay."""
+    layout = ids.shards(index_shards(manifest))
+    kept_pairs = load_table(index, "pairs", manifest, columns=["kept"]).column("kept").to_numpy(zero_copy_only=False)
+    n_pairs = load_table(index, "chunks", manifest, columns=["n_pairs"]).column("n_pairs").to_numpy()
+    n_nodes = int((ids.nodes >= 0).sum())
+    counts = {
+        **manifest["counts"],
+        "chunks": len(doc_ids),
+        "pairs_valid": int((ids.pairs >= 0).sum()),
+        "pairs_kept": int(kept_pairs[ids.pairs >= 0].sum()),
+        "nodes": n_nodes,
+        "knn_edges": n_nodes * degree(config.graph.knn_k, n_nodes),
+        "chunks_without_pairs": int((n_pairs[ids.chunks >= 0] == 0).sum()) if config.nodes.nodes != "sentence" else 0,
+    }
+    _count_removed(summary, ids, change["documents"])
+    updated = _next_manifest(_renumbered(manifest, ids), counts, doc_ids, summary, change)
+
+    def graph(writer: IndexWriter) -> None:
+        with stage(summary, "knn"):
+            write_kept_rows(writer, data_dir(index, manifest), manifest, layout, ids, config)
+
+    tables, arrays = kept_tables(index, manifest, layout, ids), kept_embeddings(index, manifest, layout, ids)
+    write_index(index, tables, arrays, graph, updated, summary, None, [new for _, new in layout])
 
 
 def _publish(index: Path, stored: _Stored, summary: IndexSummary, change: dict) -> None:
     """Write the updated index as a new version and publish it; counts are taken from what is written."""
     manifest, tables, graph = stored.manifest, stored.tables, stored.graph
-    chunks = tables["chunks"]
+    counts = {**manifest["counts"], **_row_counts(tables, manifest), "knn_edges": len(graph.indices)}
+    updated = _next_manifest(manifest, counts, tables["chunks"], summary, change)
+    write_index(index, tables, stored.arrays, graph, updated, summary, tables["nodes"].column("chunk_id").to_numpy())
+
+
+def _publish_new_shards(
+    index: Path,
+    manifest: dict,
+    doc_ids: pa.Table,
+    chunks: list[Chunk],
+    pairs: Pairs,
+    embedded: Embedded,
+    config: IndexConfig,
+    summary: IndexSummary,
+    change: dict,
+    cluster,
+) -> None:
+    """Publish a sharded index with ``chunks`` added as new shards after its own, which are kept as they
+    are but for their kNN rows (:func:`knn.grow_shards`): nothing loads the whole index."""
+    counts = _dropped_counted(manifest, summary)
+    tables = index_tables(chunks, pairs, embedded.nodes, counts["chunks"], counts["pairs_valid"], counts["nodes"])
+    counts |= {name: counts.get(name, 0) + added for name, added in _row_counts(tables, manifest).items()}
+    counts["knn_edges"] = counts["nodes"] * degree(config.graph.knn_k, counts["nodes"])
+    every_doc_id = pa.concat_tables([doc_ids, tables["chunks"].select(["doc_id"])])
+    updated = _next_manifest(manifest, counts, every_doc_id, summary, change)
+    dtype = config.nodes.embedding_dtype
+    arrays = {
+        "chunk_embeddings": embedded.chunk_embeddings,
+        "pair_embeddings": embedded.pair_embeddings.astype(dtype),
+        "node_embeddings": embedded.node_embeddings.astype(dtype),
+    }
+    summary.nodes, summary.edges = len(embedded.nodes.text), counts["knn_edges"]
+
+    def graph(writer: IndexWriter) -> None:
+        with stage(summary, "knn"):
+            if cluster is None:
+                grow_shards(writer, data_dir(index, manifest), manifest, arrays["node_embeddings"], config)
+            else:
+                from .distributed import grow_shards_on
+
+                grow_shards_on(cluster, writer, data_dir(index, manifest), manifest, arrays["node_embeddings"], config)
+
+    node_chunk = tables["nodes"].column("chunk_id").to_numpy()
+    kept = index_shards(manifest)
+    shards = kept + plan_added_shards(kept, node_chunk, counts["chunks"], config.graph.shard_nodes)
+    write_index(index, tables, arrays, graph, updated, summary, node_chunk, shards, reuse=manifest)
+
+
+def _row_counts(tables: dict, manifest: dict) -> dict:
+    """The counts of rows in ``tables`` (chunks, pairs, nodes) a manifest gives: tables side by side add up."""
+    chunks, pairs = tables["chunks"], tables["pairs"]
     pair_modes = manifest["settings"]["nodes"]["nodes"] != "sentence"
-    counts = {
-        **manifest["counts"],
-        "documents": len(set(chunks.column("doc_id").to_pylist())),
+    return {
         "chunks": chunks.num_rows,
-        "pairs_valid": tables["pairs"].num_rows,
-        "pairs_kept": int(np.asarray(tables["pairs"].column("kept")).sum()),  # pairs_dropped: over every generation
+        "pairs_valid": pairs.num_rows,
+        "pairs_kept": int(np.asarray(pairs.column("kept")).sum()),  # pairs_dropped: over every generation
         "nodes": tables["nodes"].num_rows,
-        "knn_edges": len(graph.indices),
         "chunks_without_pairs": int((np.asarray(chunks.column("n_pairs")) == 0).sum()) if pair_modes else 0,
+    }
+
+
+def _next_manifest(manifest: dict, counts: dict, chunks: pa.Table, summary: IndexSummary, change: dict) -> dict:
+    """The manifest of the updated index: ``counts``, and what this update spent and changed (``chunks``:
+    every chunk's doc_id)."""
+    tokens, now = manifest.get("llm_tokens", {}), time.time()
+    counts = {
+        **counts,
+        "documents": len(set(chunks.column("doc_id").to_pylist())),
         "chunks_failed": len(manifest.get("failed_chunks", [])),
     }
-    tokens, now = manifest.get("llm_tokens", {}), time.time()
     updated = {
         **manifest,
         "updated_unix": now,
@@ -330,4 +494,4 @@ def _publish(index: Path, stored: _Stored, summary: IndexSummary, change: dict) 
     }
     for key in ("format_version", "data_dir", "files"):
         updated.pop(key, None)
-    write_index(index, tables, stored.arrays, graph, updated, summary, tables["nodes"].column("chunk_id").to_numpy())
+    return updated

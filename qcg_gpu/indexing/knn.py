@@ -25,16 +25,20 @@ update touches become exact and the rest stay as built.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from ..index_format import index_shards
+from ..index_format import IndexWriter, index_shards, load_shard_array
 from ..log import progress_bar
 from .ivf import ivf_graph
 from .ranking import (
+    best_in,
     best_over_shards,
+    cross_scores,
     csr_of_rows,
     degree,
+    merge_best,
     pair_scores,
     read_node_embeddings,
     search_candidates,
@@ -201,3 +205,59 @@ def shard_rows(data: str, layout: dict, shard: int, k: int, backend: str = "auto
     k_eff = degree(k, shards[-1].nodes[1])
     ids, scores = best_over_shards(data, layout, rows, np.arange(*shards[shard].nodes), k_eff, backend, device, shard)
     return csr_of_rows(ids, scores)
+
+
+def grown_shard_rows(data: str, layout: dict, shard: int, new: np.ndarray, backend: str = "auto", device=None):
+    """Node shard ``shard``'s kNN rows (as :func:`shard_rows` gives them) once the nodes ``new`` are added
+    after every shard of ``layout``: the rows :func:`add_nodes` gives. Each row's k best new nodes are found
+    exactly; a row whose best new node reaches its k-th edge keeps the k best of its edges, rescored exactly
+    (:func:`edge_scores`), and those. The task holds this shard and ``new``, not the other shards."""
+    shards = index_shards(layout)
+    own = shards[shard]
+    rows = read_node_embeddings(data, layout, own)
+    if len(rows) == 0:  # a shard of chunks without nodes
+        return csr_of_rows(np.zeros((0, 0), np.int64), np.zeros((0, 0)))
+    edges, stored = (load_shard_array(data, layout, own, name, verify=False) for name in ("knn_indices", "knn_scores"))
+    edges, stored = np.array(edges).reshape(len(rows), -1), np.array(stored).reshape(len(rows), -1)
+    k, first_new = edges.shape[1], shards[-1].nodes[1]
+    new_ids, new_scores = best_in(rows, None, new, np.arange(first_new, first_new + len(new)), k, backend, device)
+    # A new node has a higher id than every edge, so it enters a row only above the k-th edge's exact score,
+    # which the stored float32 one is within 1e-7 of.
+    changed = np.flatnonzero(new_scores[:, 0] >= stored[:, -1] - 1e-6)
+    if len(changed):
+        exact = edge_scores(data, layout, rows[changed], edges[changed])
+        ids, scores = merge_best(edges[changed], exact, new_ids[changed], new_scores[changed], k)
+        edges[changed], stored[changed] = ids, scores
+    return csr_of_rows(edges, stored)
+
+
+def edge_scores(data: str, layout: dict, rows: np.ndarray, neighbors: np.ndarray) -> np.ndarray:
+    """The exact (float64) score of each row with each of its ``neighbors`` (node ids), as ranking gives
+    it: only the neighbours' rows are read from each shard's memory map, one shard at a time."""
+    out = np.empty(neighbors.shape)
+    for shard in index_shards(layout):
+        lo, hi = shard.nodes
+        at_row, at_col = np.nonzero((neighbors >= lo) & (neighbors < hi))
+        if len(at_row):
+            wanted, where = np.unique(neighbors[at_row, at_col] - lo, return_inverse=True)
+            base = load_shard_array(data, layout, shard, "node_embeddings", verify=False)[wanted]
+            out[at_row, at_col] = cross_scores(rows, base.astype(np.float32), at_row, where)
+    return out
+
+
+def grow_shards(writer: IndexWriter, data: Path, manifest: dict, new: np.ndarray, config) -> None:
+    """The kNN rows of a sharded index (``manifest``'s, files at ``data``) that the nodes ``new`` were added
+    to as new shards, written shard by shard to ``writer`` (the new version, the old shards' embeddings
+    kept in it): each old shard's rows grown (:func:`grown_shard_rows`), then each new shard's rows
+    searched over every shard (:func:`shard_rows`). The graph equals :func:`add_nodes`'."""
+    assert writer.shards is not None
+    old = {"shards": manifest["shards"]}
+    backend, device, new = config.graph.knn_backend, config.nodes.device, np.asarray(new, np.float32)
+    layout = {"shards": [s.to_dict() for s in writer.shards]}
+    shards = range(len(writer.shards))
+    for shard in progress_bar(shards, desc="kNN shards", unit="shard", disable=len(shards) < 2):
+        if shard < len(old["shards"]):
+            rows = grown_shard_rows(str(data), old, shard, new, backend, device)
+        else:
+            rows = shard_rows(str(writer.data), layout, shard, config.graph.knn_k, backend, device)
+        writer.write_shard_graph(shard, *rows)

@@ -35,7 +35,19 @@ import pyarrow as pa
 from ..config import MACHINE_PATHS, IndexConfig, NodeConfig
 from ..embedding import Embedder
 from ..errors import QCGError
-from ..index_format import ANY_VERSION, MANIFEST, ArrayParts, IndexWriter, plan_shards
+from ..index_format import (
+    ANY_VERSION,
+    ARRAYS,
+    GRAPH_ARRAYS,
+    MANIFEST,
+    TABLES,
+    ArrayParts,
+    IndexWriter,
+    Shard,
+    data_dir,
+    index_shards,
+    plan_shards,
+)
 from ..log import logger, progress_bar
 from .chunking import Chunk, chunk_document, load_tokenizer
 from .doc2query_minus import keep_mask
@@ -287,13 +299,21 @@ def write_index(
     manifest: dict,
     summary: IndexSummary,
     node_chunk,
+    shards: list[Shard] | None = None,
+    reuse: dict | None = None,
 ) -> None:
     """Write a new version of the index at ``out`` (tables, arrays, the kNN CSR) and publish it with
     ``manifest`` (last, by one rename); a failure leaves nothing behind. Stored as node shards when the
     settings' ``graph.shard_nodes`` asks (``node_chunk``: each node's chunk, to cut shards between chunks).
-    ``graph``: the kNN graph, or what writes it from the shards once their embeddings are written."""
-    shard_nodes = manifest["settings"]["graph"].get("shard_nodes")
-    shards = plan_shards(np.asarray(node_chunk), manifest["counts"]["chunks"], shard_nodes)
+    ``graph``: the kNN graph, or what writes it from the shards once their embeddings are written.
+    ``shards``: the shards to store it in, when not cut as a build cuts them. ``reuse``: the manifest of
+    a sharded version whose shards are the first of ``shards`` (an add); their files but the graph's are
+    kept as they are, and the rows given are those of the shards after them."""
+    if shards is None:
+        shards = plan_shards(
+            np.asarray(node_chunk), manifest["counts"]["chunks"], manifest["settings"]["graph"].get("shard_nodes")
+        )
+    kept = index_shards(reuse) if reuse else []
     check_free_space(out, tables, arrays, graph)
     try:
         writer = IndexWriter(out, shards, summary.replaces)
@@ -301,10 +321,12 @@ def write_index(
         raise _write_failure(out, exc) from exc
     try:
         with stage(summary, "write"):
+            for filename in kept_files(kept):
+                writer.reuse_file(data_dir(out, reuse) / filename, filename, reuse["files"][filename])  # type: ignore[index]
             for name in ("nodes", "chunks", "pairs"):  # pairs before the pair embeddings: it sets their ranges
-                writer.write_table(name, tables[name])
+                writer.write_table(name, tables[name], len(kept))
             for name, array in arrays.items():
-                writer.write_array(name, array)
+                writer.write_array(name, array, len(kept))
             if isinstance(graph, KnnGraph):
                 writer.write_graph(graph.indptr, graph.indices, graph.scores)
             else:
@@ -316,6 +338,12 @@ def write_index(
     except BaseException:
         writer.abort()
         raise
+
+
+def kept_files(shards: list[Shard]) -> list[str]:
+    """The files of ``shards`` that an add keeps as they are: all but their kNN rows."""
+    names = [f"{t}.parquet" for t in TABLES] + [f"{a}.npy" for a in ARRAYS if a not in GRAPH_ARRAYS]
+    return [shard.file(name) for shard in shards for name in names]
 
 
 def check_free_space(out: Path, tables: dict, arrays: dict, graph) -> None:
