@@ -50,6 +50,7 @@ from .stages import (
     Embedded,
     IndexSummary,
     Pairs,
+    build_shards,
     chunk_ranges,
     embed_and_select,
     index_tables,
@@ -63,6 +64,19 @@ from .stages import (
 )
 
 ARRAYS = ("chunk_embeddings", "pair_embeddings", "node_embeddings")
+
+
+@dataclasses.dataclass
+class Additions:
+    """What an add appends: the new chunks, their pairs, and their texts embedded and selected into nodes."""
+
+    chunks: list[Chunk]
+    pairs: Pairs
+    embedded: Embedded
+
+    def tables(self, first_chunk: int, first_pair: int, first_node: int) -> dict:
+        """Their rows of the index's tables, numbered after the index's own."""
+        return index_tables(self.chunks, self.pairs, self.embedded.nodes, first_chunk, first_pair, first_node)
 
 
 @dataclasses.dataclass
@@ -131,10 +145,10 @@ def add_documents(
             raise QCGError(
                 f"{len(clash)} documents are in the index already (remove them first to replace them): {clash[:5]}"
             )
-        pairs, embedded = _new_nodes(manifest, chunks, config, summary, llm, embedder, cluster)
+        added = _new_nodes(manifest, chunks, config, summary, llm, embedder, cluster)
         change = {"op": "add", "documents": summary.documents, "chunks": len(chunks)}
         change |= _batch_record(int(manifest["counts"]["chunks"]), len(chunks), config, summary)
-        publish_added(index, manifest, doc_ids, chunks, pairs, embedded, config, summary, change, cluster)
+        publish_added(index, manifest, doc_ids, added, config, summary, change, cluster)
     return summary
 
 
@@ -142,21 +156,19 @@ def publish_added(
     index: Path,
     manifest: dict,
     doc_ids: pa.Table,
-    chunks: list[Chunk],
-    pairs: Pairs,
-    embedded: Embedded,
+    added: Additions,
     config: IndexConfig,
     summary: IndexSummary,
     change: dict,
     cluster=None,
 ) -> None:
-    """Publish ``index`` (``manifest``'s version; ``doc_ids``: its chunks' doc_id column) with ``chunks``
-    appended, their pairs and nodes made: as new shards of a sharded index, without loading it (a Ray
-    ``cluster`` grows the kNN rows, a task per shard); else loaded whole, as one shard."""
-    if adds_shards(manifest, len(embedded.node_embeddings), config.graph.knn_k):
-        _publish_new_shards(index, manifest, doc_ids, chunks, pairs, embedded, config, summary, change, cluster)
+    """Publish ``index`` (``manifest``'s version; ``doc_ids``: its chunks' doc_id column) with ``added``
+    appended: as new shards of a sharded index, without loading it (a Ray ``cluster`` grows the kNN rows,
+    a task per shard); else loaded whole, as one shard."""
+    if adds_shards(manifest, len(added.embedded.node_embeddings), config.graph.knn_k):
+        _publish_new_shards(index, manifest, doc_ids, added, config, summary, change, cluster)
     else:
-        _publish(index, _with_nodes(_Stored.load(index), chunks, pairs, embedded, config, summary), summary, change)
+        _publish(index, _with_nodes(_Stored.load(index), added, config, summary), summary, change)
 
 
 def remove_documents(index: str | Path, doc_ids: list[str]) -> IndexSummary:
@@ -221,8 +233,8 @@ def retry_failed(
         chunks = [Chunk(r["doc_id"], r["chunk_index"], r["n_tokens"], r["text"]) for r in rows]
         summary.documents, summary.chunks = len(failed), len(chunks)
         remaining = _without_documents(stored, list(failed), config, IndexSummary(out=index))
-        pairs, embedded = _new_nodes(remaining.manifest, chunks, config, summary, llm, embedder, cluster)
-        updated = _with_nodes(remaining, chunks, pairs, embedded, config, summary)
+        added = _new_nodes(remaining.manifest, chunks, config, summary, llm, embedder, cluster)
+        updated = _with_nodes(remaining, added, config, summary)
         change = {"op": "retry", "documents": sorted(failed)}
         change |= _batch_record(remaining.tables["chunks"].num_rows, len(chunks), config, summary)
         _publish(index, updated, summary, change)
@@ -263,7 +275,7 @@ def _new_nodes(
     llm: LLMBackend | None,
     embedder: Embedder | None,
     cluster,
-) -> tuple[Pairs, Embedded]:
+) -> Additions:
     """The pairs of ``chunks`` (generated; cached ones reused), their texts embedded and selected into
     nodes, as the index's models make them. Refused, changing nothing, when a chunk gets no LLM reply."""
     pairs = Pairs.empty()
@@ -294,14 +306,12 @@ def _new_nodes(
     with stage(summary, "embed"):
         embedded = embed_and_select(chunks, pairs, config.nodes, embedder)
     summary.pairs_valid, summary.pairs_kept = len(pairs), len(pairs.kept_rows())
-    return pairs, embedded
+    return Additions(chunks, pairs, embedded)
 
 
-def _with_nodes(
-    stored: _Stored, chunks: list[Chunk], pairs: Pairs, embedded: Embedded, config: IndexConfig, summary: IndexSummary
-) -> _Stored:
-    """``stored`` with ``chunks`` appended, their nodes added to the kNN graph."""
-    manifest = stored.manifest
+def _with_nodes(stored: _Stored, added: Additions, config: IndexConfig, summary: IndexSummary) -> _Stored:
+    """``stored`` with ``added`` appended, its nodes added to the kNN graph."""
+    manifest, embedded = stored.manifest, added.embedded
     with stage(summary, "knn"):
         graph = add_nodes(
             stored.graph,
@@ -313,7 +323,7 @@ def _with_nodes(
         )
 
     counts = {name: table.num_rows for name, table in stored.tables.items()}
-    new_tables = index_tables(chunks, pairs, embedded.nodes, counts["chunks"], counts["pairs"], counts["nodes"])
+    new_tables = added.tables(counts["chunks"], counts["pairs"], counts["nodes"])
     tables = {name: pa.concat_tables([stored.tables[name], new_tables[name]]) for name in stored.tables}
     new_arrays = {
         "chunk_embeddings": embedded.chunk_embeddings,
@@ -401,7 +411,7 @@ def _publish_kept_shards(
             write_kept_rows(writer, data_dir(index, manifest), manifest, layout, ids, config)
 
     tables, arrays = kept_tables(index, manifest, layout, ids), kept_embeddings(index, manifest, layout, ids)
-    write_index(index, tables, arrays, graph, updated, summary, None, [new for _, new in layout])
+    write_index(index, tables, arrays, graph, updated, summary, [new for _, new in layout])
 
 
 def _publish(index: Path, stored: _Stored, summary: IndexSummary, change: dict) -> None:
@@ -409,26 +419,25 @@ def _publish(index: Path, stored: _Stored, summary: IndexSummary, change: dict) 
     manifest, tables, graph = stored.manifest, stored.tables, stored.graph
     counts = {**manifest["counts"], **_row_counts(tables, manifest), "knn_edges": len(graph.indices)}
     updated = _next_manifest(manifest, counts, tables["chunks"], summary, change)
-    write_index(index, tables, stored.arrays, graph, updated, summary, tables["nodes"].column("chunk_id").to_numpy())
+    shards = build_shards(updated, tables["nodes"].column("chunk_id").to_numpy())
+    write_index(index, tables, stored.arrays, graph, updated, summary, shards)
 
 
 def _publish_new_shards(
     index: Path,
     manifest: dict,
     doc_ids: pa.Table,
-    chunks: list[Chunk],
-    pairs: Pairs,
-    embedded: Embedded,
+    added: Additions,
     config: IndexConfig,
     summary: IndexSummary,
     change: dict,
     cluster,
 ) -> None:
-    """Publish a sharded index with ``chunks`` added as new shards after its own, which are kept as they
-    are but for their kNN rows (:func:`knn.grow_shards`): nothing loads the whole index."""
-    counts = _dropped_counted(manifest, summary)
-    tables = index_tables(chunks, pairs, embedded.nodes, counts["chunks"], counts["pairs_valid"], counts["nodes"])
-    counts |= {name: counts.get(name, 0) + added for name, added in _row_counts(tables, manifest).items()}
+    """Publish a sharded index with ``added`` as new shards after its own, which are kept as they are but
+    for their kNN rows (:func:`knn.grow_shards`): nothing loads the whole index."""
+    counts, embedded = _dropped_counted(manifest, summary), added.embedded
+    tables = added.tables(counts["chunks"], counts["pairs_valid"], counts["nodes"])
+    counts |= {name: counts.get(name, 0) + rows for name, rows in _row_counts(tables, manifest).items()}
     counts["knn_edges"] = counts["nodes"] * degree(config.graph.knn_k, counts["nodes"])
     every_doc_id = pa.concat_tables([doc_ids, tables["chunks"].select(["doc_id"])])
     updated = _next_manifest(manifest, counts, every_doc_id, summary, change)
@@ -452,7 +461,7 @@ def _publish_new_shards(
     node_chunk = tables["nodes"].column("chunk_id").to_numpy()
     kept = index_shards(manifest)
     shards = kept + plan_added_shards(kept, node_chunk, counts["chunks"], config.graph.shard_nodes)
-    write_index(index, tables, arrays, graph, updated, summary, node_chunk, shards, reuse=manifest)
+    write_index(index, tables, arrays, graph, updated, summary, shards, reuse=manifest)
 
 
 def _row_counts(tables: dict, manifest: dict) -> dict:

@@ -20,6 +20,7 @@ from .stages import (
     Pairs,
     build_graph,
     build_manifest,
+    build_shards,
     check_room,
     embed_and_select,
     index_tables,
@@ -83,13 +84,7 @@ def build_index(
         "pair_embeddings": embedded.pair_embeddings.astype(config.nodes.embedding_dtype),
         "node_embeddings": embedded.node_embeddings.astype(config.nodes.embedding_dtype),
     }
-    write_index(
-        out,
-        index_tables(chunks, pairs, embedded.nodes),
-        arrays,
-        graph,
-        build_manifest(config, summary, model_name, embedder),
-        summary,
-        embedded.nodes.chunk_id,
-    )
+    manifest = build_manifest(config, summary, model_name, embedder)
+    tables = index_tables(chunks, pairs, embedded.nodes)
+    write_index(out, tables, arrays, graph, manifest, summary, build_shards(manifest, embedded.nodes.chunk_id))
     return summary

@@ -92,10 +92,10 @@ def kept_embeddings(index: Path, manifest: dict, layout: list[tuple[Shard, Shard
     return arrays
 
 
-def kept_rows(old_data: str, old_layout: dict, old: Shard, data: str, layout: dict, shard: int, nodes, backend, device):
+def kept_rows(old_data: str, old_layout: dict, old: Shard, data: str, layout: dict, shard: int, nodes, config):
     """New shard ``shard``'s kNN rows (the version being written at ``data``) from old shard ``old``'s
     (``nodes``: each old node's new id): the edges of a row that stays, renumbered, and a row that lost
-    one searched again over every new shard."""
+    one searched again over every new shard (with ``config``'s kNN backend and device)."""
     lo, hi = old.nodes
     keep = nodes[lo:hi] >= 0
     if not keep.any():
@@ -110,6 +110,7 @@ def kept_rows(old_data: str, old_layout: dict, old: Shard, data: str, layout: di
         own = index_shards(layout)[shard]
         rows = read_node_embeddings(data, layout, own)[lost]
         k = edges.shape[1]
+        backend, device = config.graph.knn_backend, config.nodes.device
         edges[lost], scores[lost] = best_over_shards(data, layout, rows, own.nodes[0] + lost, k, backend, device)
     return csr_of_rows(edges, scores)
 
@@ -117,9 +118,8 @@ def kept_rows(old_data: str, old_layout: dict, old: Shard, data: str, layout: di
 def write_kept_rows(writer: IndexWriter, data: Path, manifest: dict, layout, ids: Renumbering, config) -> None:
     """Every new shard's kNN rows (:func:`kept_rows`), one shard at a time."""
     old_layout, new_layout = {"shards": manifest["shards"]}, {"shards": [s.to_dict() for s in writer.shards or []]}
-    backend, device = config.graph.knn_backend, config.nodes.device
     for shard, (old, _) in enumerate(layout):
-        rows = kept_rows(str(data), old_layout, old, str(writer.data), new_layout, shard, ids.nodes, backend, device)
+        rows = kept_rows(str(data), old_layout, old, str(writer.data), new_layout, shard, ids.nodes, config)
         writer.write_shard_graph(shard, *rows)
 
 

@@ -51,6 +51,7 @@ from .stages import (
     IndexSummary,
     Pairs,
     build_manifest,
+    build_shards,
     embed_and_select,
     index_tables,
     iter_chunks,
@@ -83,7 +84,8 @@ def build_on_cluster(
         graph = _graph(cluster, config, summary, node_embeddings, node_chunk, n_chunks)
         manifest = build_manifest(config, summary, model_name, embedder)
         tables = staging.index_tables(from_pairs=model_name is not None)
-        write_index(out, tables, staging.index_arrays(config.nodes), graph, manifest, summary, node_chunk)
+        arrays = staging.index_arrays(config.nodes)
+        write_index(out, tables, arrays, graph, manifest, summary, build_shards(manifest, node_chunk))
     finally:
         staging.remove()
     for leftover in out.parent.glob(f".{out.name}.shards-*"):  # of builds killed before they ended

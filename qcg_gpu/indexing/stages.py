@@ -291,6 +291,13 @@ def index_tables(
     }
 
 
+def build_shards(manifest: dict, node_chunk) -> list[Shard]:
+    """The shards a build cuts for ``manifest``'s index (``node_chunk``: each node's chunk): node shards
+    between chunks when the settings' ``graph.shard_nodes`` asks, else one."""
+    shard_nodes = manifest["settings"]["graph"].get("shard_nodes")
+    return plan_shards(np.asarray(node_chunk), manifest["counts"]["chunks"], shard_nodes)
+
+
 def write_index(
     out: Path,
     tables: dict,
@@ -298,21 +305,14 @@ def write_index(
     graph: KnnGraph | Callable[[IndexWriter], None],
     manifest: dict,
     summary: IndexSummary,
-    node_chunk,
-    shards: list[Shard] | None = None,
+    shards: list[Shard],
     reuse: dict | None = None,
 ) -> None:
-    """Write a new version of the index at ``out`` (tables, arrays, the kNN CSR) and publish it with
-    ``manifest`` (last, by one rename); a failure leaves nothing behind. Stored as node shards when the
-    settings' ``graph.shard_nodes`` asks (``node_chunk``: each node's chunk, to cut shards between chunks).
+    """Write a new version of the index at ``out`` (tables, arrays, the kNN CSR) in ``shards`` (one:
+    stored whole) and publish it with ``manifest`` (last, by one rename); a failure leaves nothing behind.
     ``graph``: the kNN graph, or what writes it from the shards once their embeddings are written.
-    ``shards``: the shards to store it in, when not cut as a build cuts them. ``reuse``: the manifest of
-    a sharded version whose shards are the first of ``shards`` (an add); their files but the graph's are
-    kept as they are, and the rows given are those of the shards after them."""
-    if shards is None:
-        shards = plan_shards(
-            np.asarray(node_chunk), manifest["counts"]["chunks"], manifest["settings"]["graph"].get("shard_nodes")
-        )
+    ``reuse``: the manifest of a sharded version whose shards are the first of ``shards`` (an add); their
+    files but the graph's are kept as they are, and the rows given are those of the shards after them."""
     kept = index_shards(reuse) if reuse else []
     check_free_space(out, tables, arrays, graph)
     try:
