@@ -3,6 +3,7 @@
 from .capabilities import reproducible_mkl
 from .config import (
     AnswerConfig,
+    AnsweringLLMConfig,
     ChunkingConfig,
     GenerationConfig,
     GraphConfig,
@@ -59,6 +60,7 @@ __all__ = [
     "GraphConfig",
     "RetrievalConfig",
     "AnswerConfig",
+    "AnsweringLLMConfig",
     "index_settings",
     "retrieval_settings",
     "QCGError",

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import cast
 
-from .config import PRESETS, AnswerConfig, GenerationConfig, IndexConfig, RetrievalConfig, layered
+from .config import PRESETS, AnswerConfig, AnsweringLLMConfig, GenerationConfig, IndexConfig, RetrievalConfig, layered
 from .config.files import read_config_file
 from .errors import QCGError
 from .llm.backends import LLMBackend
@@ -45,15 +45,15 @@ class QCGRag:
     """An index opened for batch retrieval and question answering.
 
     ``method``: qcg or a baseline (naive, d2q, d2q-minus) on the same index. ``retrieval``:
-    QCG's settings (default: the paper's LiHuaWorld ones). ``llm``: an LLM backend, or a
-    GenerationConfig to build one (default: the bundled model, in-process vLLM)."""
+    QCG's settings (default: the paper's LiHuaWorld ones). ``llm``: an LLM backend, or the settings to
+    build one, an AnsweringLLMConfig (a GenerationConfig too) (default: the bundled model, in-process vLLM)."""
 
     def __init__(
         self,
         index: str | Path,
         retrieval: RetrievalConfig | None = None,
         method: str = "qcg",
-        llm: LLMBackend | GenerationConfig | None = None,
+        llm: LLMBackend | AnsweringLLMConfig | GenerationConfig | None = None,
         answer: AnswerConfig | None = None,
         embed_device: str | None = None,
     ):
@@ -145,7 +145,8 @@ class QCGRag:
         if not isinstance(self._llm, LLMBackend):
             from .llm.backends import make_backend
 
-            self._llm = make_backend(self._llm or GenerationConfig())
+            config = self._llm or AnsweringLLMConfig()
+            self._llm = make_backend(config.as_generation() if isinstance(config, AnsweringLLMConfig) else config)
         return self._llm
 
 

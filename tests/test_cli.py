@@ -94,7 +94,7 @@ def test_a_config_file_overrides_defaults_and_the_command_line_wins(tmp_path, su
     from qcg_gpu.cli import parse_arguments
     from qcg_gpu.cli.index import index_config
     from qcg_gpu.cli.options import resolve, retrieval_config
-    from qcg_gpu.config import EvalConfig, GenerationConfig
+    from qcg_gpu.config import EvalConfig
 
     path = tmp_path / f"qcg{suffix}"
     if suffix == ".toml":
@@ -114,8 +114,33 @@ def test_a_config_file_overrides_defaults_and_the_command_line_wins(tmp_path, su
     args = parse_arguments(
         ["eval", "--dataset", "lihuaworld", "--data", "d", "--index", "i", "--out", "o", "--config", str(path)]
     )
-    evaluation, llm = resolve(EvalConfig(), args), resolve(GenerationConfig(), args)
-    assert evaluation.methods == "naive,qcg" and llm.model == "qwen2.5-coder-1.5b"  # the answering LLM's options too
+    assert resolve(EvalConfig(), args).methods == "naive,qcg"
+
+
+def test_the_answering_llm_takes_its_own_table_not_the_builds(tmp_path, capsys):
+    """[generation] is the build's: its model no longer becomes the one qcg answer and qcg eval answer with
+    (issue 37 §5). [answer_llm] sets the answering LLM, below the options given."""
+    from qcg_gpu.cli import parse_arguments
+    from qcg_gpu.cli.options import answering_llm
+    from qcg_gpu.config import GenerationConfig
+    from qcg_gpu.llm.backends import llm_name
+    from qcg_gpu.llm.cache import ReplyStore
+
+    path, store = tmp_path / "qcg.toml", ReplyStore(tmp_path / "answers.sqlite")
+    served = 'backend = "openai"\nbase_url = "http://127.0.0.1:9/v1"\n'
+    build = f'[generation]\n{served}model = "the-build-model"\n'
+
+    def answering_model(*given):
+        args = parse_arguments(["answer", "idx", "--query", "x", "--config", str(path), *given])
+        return answering_llm(args, store=store).model_name  # a CachedLLM: nothing loads
+
+    path.write_text(f'{build}[answer_llm]\n{served}model = "answerer"\n')
+    assert answering_model() == "answerer"
+    assert answering_model("--model", "typed") == "typed"  # an option given wins
+    assert "[answer_llm]" not in capsys.readouterr().err
+    path.write_text(build)
+    assert answering_model() == llm_name(GenerationConfig())  # the default, not the build's model
+    assert "the answering LLM reads [answer_llm]" in capsys.readouterr().err  # said once, for a file written before
 
 
 def test_the_python_api_takes_settings_in_the_order_the_cli_does(tmp_path):

@@ -12,15 +12,17 @@ from ..config import (
     CONFIG_SECTIONS,
     GENERATION_CONCERNS,
     PRESETS,
-    GenerationConfig,
+    AnsweringLLMConfig,
     RayConfig,
     RetrievalConfig,
     layered,
 )
 from ..errors import QCGError
+from ..log import logger
 from ..models import DEFAULT_LLM, resolve_model
 
 RETRIEVAL_PREFIX = "retrieval_"
+ANSWERING_FIELDS = dataclasses.fields(AnsweringLLMConfig)
 SECTION_NAMES = {cls: name for name, cls in CONFIG_SECTIONS.items()}  # a config file's table per dataclass
 NO_VERIFY_HELP = "skip checking the index files against their checksums when loading (saves a few seconds per GB)"
 
@@ -144,7 +146,10 @@ def answering_llm(args, cluster=None, model: str | None = None, store=None):
     from ..llm.backends import make_backend
     from ..llm.cache import CachedLLM
 
-    generation = resolve(GenerationConfig(), args)
+    generation = resolve(AnsweringLLMConfig(), args).as_generation()  # [answer_llm], never [generation]
+    from_file = args_config_file(args)
+    if "answer_llm" not in from_file and set(from_file.get("generation", {})) & {f.name for f in ANSWERING_FIELDS}:
+        logger.warning("the config file's [generation] table is the build's: the answering LLM reads [answer_llm]")
     generation.model = model or generation.model
     if generation.backend == "openai" and (not generation.base_url or not generation.model):
         raise QCGError("--backend openai needs --base-url and --model")

@@ -1,7 +1,7 @@
 """Every setting of qcg-gpu, one dataclass per concern, a module per part of the engine (like vLLM's
 ``config/``): the index build (``index``: chunking, nodes, graph; ``generation``: the LLM stage's
-concerns), ``retrieval``, ``answer``, ``eval`` and the Ray cluster (``ray``); ``layers`` gives the
-one order settings take, ``files`` reads and writes config files.
+concerns, and the answering LLM's), ``retrieval``, ``answer``, ``eval`` and the Ray cluster (``ray``);
+``layers`` gives the one order settings take, ``files`` reads and writes config files.
 
 Each field's ``help`` is written once and reused as CLI help (``qcg index --help``). Each field
 also says whether it changes results: ``runtime=True`` marks the ones that only say how to run
@@ -16,6 +16,7 @@ from .eval import ABLATIONS, BASELINES, EVAL_METHODS, INDEX_PARAMETERS, SWEEPS, 
 from .generation import (
     ANSWERING_LLM_CONCERNS,
     GENERATION_CONCERNS,
+    AnsweringLLMConfig,
     Doc2QueryConfig,
     GenerationConfig,
     LLMConfig,
@@ -53,6 +54,7 @@ __all__ = [
     "REPLY_SECTIONS",
     "SWEEPS",
     "AnswerConfig",
+    "AnsweringLLMConfig",
     "ChunkingConfig",
     "Doc2QueryConfig",
     "EvalConfig",

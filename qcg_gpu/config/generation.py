@@ -263,5 +263,20 @@ class GenerationConfig(ReplyStoreConfig, OpenAIClientConfig, VLLMEngineConfig, D
 
 
 GENERATION_CONCERNS = GenerationConfig.__bases__[::-1]  # LLMConfig, Doc2QueryConfig, ..., ReplyStoreConfig
-# The options of the answering (and judging) LLM of qcg answer and qcg eval: which LLM and how it runs.
-ANSWERING_LLM_CONCERNS = (LLMConfig, VLLMEngineConfig, OpenAIClientConfig)
+
+
+@dataclass
+class AnsweringLLMConfig(OpenAIClientConfig, VLLMEngineConfig, LLMConfig):
+    """The [answer_llm] table: the LLM that answers (and judges) in qcg answer, qcg eval and QCGRag, which
+    LLM and how it runs. Its own table, so that [generation], the build's, never picks the answering model."""
+
+    def as_generation(self) -> GenerationConfig:
+        """The same settings as a GenerationConfig (what the LLM backends take), the build's own at their defaults."""
+        return GenerationConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+
+    def validate(self) -> AnsweringLLMConfig:
+        self.as_generation().validate()  # the same fields, checked as the build's are
+        return self
+
+
+ANSWERING_LLM_CONCERNS = AnsweringLLMConfig.__bases__[::-1]  # LLMConfig, VLLMEngineConfig, OpenAIClientConfig

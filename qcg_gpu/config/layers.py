@@ -7,7 +7,7 @@ import dataclasses
 from ..errors import QCGError
 from .answer import AnswerConfig
 from .eval import EvalConfig
-from .generation import GenerationConfig
+from .generation import AnsweringLLMConfig, GenerationConfig
 from .index import ChunkingConfig, GraphConfig, NodeConfig
 from .ray import RayConfig
 from .retrieval import RetrievalConfig
@@ -23,6 +23,7 @@ CONFIG_SECTIONS = {
     "graph": GraphConfig,
     "retrieval": RetrievalConfig,
     "answer": AnswerConfig,
+    "answer_llm": AnsweringLLMConfig,
     "eval": EvalConfig,
     "ray": RayConfig,
 }
