@@ -331,15 +331,21 @@ def test_llm_faults_are_counted_and_failed_chunks_retried(tmp_path, few_docs, vl
     assert llm.asked == [1] and retry.generated_chunks == 1 and not retry.failed_chunks
 
 
-def test_retry_regenerates_only_the_failed_chunks_and_equals_a_rebuild(tmp_path, few_docs, vllm_backend, embedder, cli):
+@pytest.mark.parametrize("shard_nodes", [None, 1], ids=["whole", "shards"])
+def test_retry_regenerates_only_the_failed_chunks_and_equals_a_rebuild(
+    tmp_path, few_docs, vllm_backend, embedder, cli, shard_nodes, monkeypatch
+):
     import json
 
-    from qcg_gpu.indexing.incremental import retry_failed
+    from qcg_gpu.indexing.incremental import _Stored, retry_failed
 
     def fault(i, completion):
         return Completion(error="RuntimeError: engine died") if i == 1 else completion
 
     config = _config(tmp_path)
+    if shard_nodes:  # a shard per chunk (k = 1 keeps the few nodes' degree): the retry never loads it whole
+        config.graph.shard_nodes, config.graph.knn_k = shard_nodes, 1
+        monkeypatch.setattr(_Stored, "load", lambda index: pytest.fail("a sharded retry loaded the index whole"))
     build_index(few_docs, tmp_path / "idx", config, llm=Recording(vllm_backend, fault), embedder=embedder)
     manifest = read_manifest(tmp_path / "idx")
     [(failed_doc, error)] = manifest["failed_documents"].items()

@@ -13,13 +13,14 @@ that would change results must match them.
 An index stored as node shards (``--shard-nodes``) may be larger than one machine, so an add does not
 load it: the new chunks become new shards after the old ones, whose files the new version keeps as
 they are (hard links) but for their kNN rows, grown one shard at a time (:func:`knn.grow_shards`). A
-remove rewrites it one shard at a time (:mod:`shard_removal`). Its shards are then cut differently
-from a rebuild's; its ids, rows and graph are the same. A retry still loads the index whole.
+remove rewrites it one shard at a time (:mod:`shard_removal`), and a retry does both in one version.
+Its shards are then cut differently from a rebuild's; its ids, rows and graph are the same.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections import Counter
 from pathlib import Path
@@ -31,9 +32,11 @@ from ..config import IndexConfig, result_fields
 from ..embedding import Embedder
 from ..errors import QCGError
 from ..index_format import (
+    ArrayParts,
     IndexWriter,
     data_dir,
     index_shards,
+    load_shard_table,
     load_table,
     plan_added_shards,
     read_manifest,
@@ -223,22 +226,44 @@ def retry_failed(
     the input: the chunks are in the index. If a chunk fails again, the index stays as it was."""
     index = Path(index)
     with update_lock(index):
-        stored = _Stored.load(index)
-        config = index_settings(stored.manifest, options)
+        manifest = read_manifest(index)
+        config = index_settings(manifest, options)
         summary = IndexSummary(out=index)
-        failed = failed_documents(stored.manifest, stored.tables["chunks"])
+        chunk_docs = load_table(index, "chunks", manifest, columns=["doc_id"])  # not the texts: the index may be huge
+        failed = failed_documents(manifest, chunk_docs)
         if not failed:
             raise QCGError(f"{index} has no failed chunks: nothing to retry")
-        rows = stored.tables["chunks"].filter(pa.array(np.isin(stored.doc_ids(), list(failed)))).to_pylist()
-        chunks = [Chunk(r["doc_id"], r["chunk_index"], r["n_tokens"], r["text"]) for r in rows]
+        keep_chunk = _kept_chunks(np.array(chunk_docs.column("doc_id").to_pylist(), dtype=object), list(failed))
+        chunks = _chunks_of(index, manifest, ~keep_chunk)
         summary.documents, summary.chunks = len(failed), len(chunks)
-        remaining = _without_documents(stored, list(failed), config, IndexSummary(out=index))
-        added = _new_nodes(remaining.manifest, chunks, config, summary, llm, embedder, cluster)
-        updated = _with_nodes(remaining, added, config, summary)
+        added = _new_nodes(manifest, chunks, config, summary, llm, embedder, cluster)
         change = {"op": "retry", "documents": sorted(failed)}
-        change |= _batch_record(remaining.tables["chunks"].num_rows, len(chunks), config, summary)
-        _publish(index, updated, summary, change)
+        change |= _batch_record(int(keep_chunk.sum()), len(chunks), config, summary)
+        if len(index_shards(manifest)) > 1:
+            ids = Renumbering.keeping(keep_chunk, *(_chunk_ids(index, manifest, name) for name in ("pairs", "nodes")))
+            n_kept, k = int((ids.nodes >= 0).sum()), config.graph.knn_k
+            if keeps_degree(ids, k) and degree(k, n_kept) == degree(k, n_kept + len(added.embedded.node_embeddings)):
+                kept_docs = chunk_docs.filter(pa.array(keep_chunk))
+                _publish_kept_shards(index, manifest, kept_docs, ids, config, summary, change, added)
+                return summary
+        remaining = _without_documents(_Stored.load(index), list(failed), config, IndexSummary(out=index))
+        _publish(index, _with_nodes(remaining, added, config, summary), summary, change)
     return summary
+
+
+def _chunks_of(index: Path, manifest: dict, wanted: np.ndarray) -> list[Chunk]:
+    """The chunks ``wanted`` marks, read from the index (of a sharded one, from the shards that hold them)."""
+    shards = index_shards(manifest)
+    if shards:
+        parts = [
+            load_shard_table(index, manifest, shard, "chunks").filter(pa.array(wanted[slice(*shard.chunks)]))
+            for shard in shards
+            if wanted[slice(*shard.chunks)].any()
+        ]
+        rows = pa.concat_tables(parts).to_pylist()
+    else:
+        rows = load_table(index, "chunks", manifest).filter(pa.array(wanted)).to_pylist()
+    return [Chunk(r["doc_id"], r["chunk_index"], r["n_tokens"], r["text"]) for r in rows]
 
 
 def _batch_record(first: int, count: int, config: IndexConfig, summary: IndexSummary) -> dict:
@@ -387,31 +412,58 @@ def _publish_kept_shards(
     config: IndexConfig,
     summary: IndexSummary,
     change: dict,
+    added: Additions | None = None,
 ) -> None:
-    """Publish a sharded index without the chunks ``ids`` removes, one shard at a time (:mod:`shard_removal`):
-    nothing loads the whole index. ``doc_ids``: the doc_id column of the chunks that stay."""
+    """Publish a sharded index without the chunks ``ids`` removes, one shard at a time (:mod:`shard_removal`),
+    and for a retry with ``added`` as new shards after them: nothing loads the whole index. ``doc_ids``: the
+    doc_id column of the chunks that stay."""
     layout = ids.shards(index_shards(manifest))
-    kept_pairs = load_table(index, "pairs", manifest, columns=["kept"]).column("kept").to_numpy(zero_copy_only=False)
-    n_pairs = load_table(index, "chunks", manifest, columns=["n_pairs"]).column("n_pairs").to_numpy()
-    n_nodes = int((ids.nodes >= 0).sum())
-    counts = {
-        **manifest["counts"],
-        "chunks": len(doc_ids),
-        "pairs_valid": int((ids.pairs >= 0).sum()),
-        "pairs_kept": int(kept_pairs[ids.pairs >= 0].sum()),
-        "nodes": n_nodes,
-        "knn_edges": n_nodes * degree(config.graph.knn_k, n_nodes),
-        "chunks_without_pairs": int((n_pairs[ids.chunks >= 0] == 0).sum()) if config.nodes.nodes != "sentence" else 0,
-    }
-    _count_removed(summary, ids, change["documents"])
+    counts = _kept_counts(index, manifest, ids)
+    tables, arrays = kept_tables(index, manifest, layout, ids), kept_embeddings(index, manifest, layout, ids)
+    shards, new_nodes = [new for _, new in layout], None
+    if added is None:
+        _count_removed(summary, ids, change["documents"])
+    else:
+        counts = _dropped_counted({"counts": counts}, summary)
+        new_tables = added.tables(counts["chunks"], counts["pairs_valid"], counts["nodes"])
+        counts |= {name: counts[name] + rows for name, rows in _row_counts(new_tables, manifest).items()}
+        tables = {name: itertools.chain(parts, [new_tables[name]]) for name, parts in tables.items()}
+        arrays = {name: _appended(parts, getattr(added.embedded, name)) for name, parts in arrays.items()}
+        doc_ids = pa.concat_tables([doc_ids, new_tables["chunks"].select(["doc_id"])])
+        node_chunk = new_tables["nodes"].column("chunk_id").to_numpy()
+        shards += plan_added_shards(shards, node_chunk, counts["chunks"], config.graph.shard_nodes)
+        new_nodes = np.asarray(added.embedded.node_embeddings, np.float32) if len(node_chunk) else None
+        summary.nodes = len(node_chunk)
+    counts["knn_edges"] = counts["nodes"] * degree(config.graph.knn_k, counts["nodes"])
+    summary.edges = counts["knn_edges"]
     updated = _next_manifest(_renumbered(manifest, ids), counts, doc_ids, summary, change)
 
     def graph(writer: IndexWriter) -> None:
         with stage(summary, "knn"):
-            write_kept_rows(writer, data_dir(index, manifest), manifest, layout, ids, config)
+            write_kept_rows(writer, data_dir(index, manifest), manifest, layout, ids, config, new_nodes)
 
-    tables, arrays = kept_tables(index, manifest, layout, ids), kept_embeddings(index, manifest, layout, ids)
-    write_index(index, tables, arrays, graph, updated, summary, [new for _, new in layout])
+    write_index(index, tables, arrays, graph, updated, summary, shards)
+
+
+def _kept_counts(index: Path, manifest: dict, ids: Renumbering) -> dict:
+    """The manifest's counts of what stays once ``ids`` removes chunks (knn_edges: set by the caller)."""
+    kept_pairs = load_table(index, "pairs", manifest, columns=["kept"]).column("kept").to_numpy(zero_copy_only=False)
+    n_pairs = load_table(index, "chunks", manifest, columns=["n_pairs"]).column("n_pairs").to_numpy()
+    pair_modes = manifest["settings"]["nodes"]["nodes"] != "sentence"
+    return {
+        **manifest["counts"],
+        "chunks": int((ids.chunks >= 0).sum()),
+        "pairs_valid": int((ids.pairs >= 0).sum()),
+        "pairs_kept": int(kept_pairs[ids.pairs >= 0].sum()),
+        "nodes": int((ids.nodes >= 0).sum()),
+        "chunks_without_pairs": int((n_pairs[ids.chunks >= 0] == 0).sum()) if pair_modes else 0,
+    }
+
+
+def _appended(parts: ArrayParts, rows: np.ndarray) -> ArrayParts:
+    """An array's kept rows (``parts``) and then ``rows``, in its dtype."""
+    shape = (parts.shape[0] + len(rows), *parts.shape[1:])
+    return ArrayParts(shape, parts.dtype, itertools.chain(parts.parts, [np.asarray(rows, parts.dtype)]))
 
 
 def _publish(index: Path, stored: _Stored, summary: IndexSummary, change: dict) -> None:

@@ -209,9 +209,8 @@ def shard_rows(data: str, layout: dict, shard: int, k: int, backend: str = "auto
 
 def grown_shard_rows(data: str, layout: dict, shard: int, new: np.ndarray, backend: str = "auto", device=None):
     """Node shard ``shard``'s kNN rows (as :func:`shard_rows` gives them) once the nodes ``new`` are added
-    after every shard of ``layout``: the rows :func:`add_nodes` gives. Each row's k best new nodes are found
-    exactly; a row whose best new node reaches its k-th edge keeps the k best of its edges, rescored exactly
-    (:func:`edge_scores`), and those. The task holds this shard and ``new``, not the other shards."""
+    after every shard of ``layout``: the rows :func:`add_nodes` gives (:func:`merge_new_nodes`). The task
+    holds this shard and ``new``, not the other shards."""
     shards = index_shards(layout)
     own = shards[shard]
     rows = read_node_embeddings(data, layout, own)
@@ -219,16 +218,26 @@ def grown_shard_rows(data: str, layout: dict, shard: int, new: np.ndarray, backe
         return csr_of_rows(np.zeros((0, 0), np.int64), np.zeros((0, 0)))
     edges, stored = (load_shard_array(data, layout, own, name, verify=False) for name in ("knn_indices", "knn_scores"))
     edges, stored = np.array(edges).reshape(len(rows), -1), np.array(stored).reshape(len(rows), -1)
-    k, first_new = edges.shape[1], shards[-1].nodes[1]
-    new_ids, new_scores = best_in(rows, None, new, np.arange(first_new, first_new + len(new)), k, backend, device)
+    first_new = shards[-1].nodes[1]
+    best_new = best_in(rows, None, new, np.arange(first_new, first_new + len(new)), edges.shape[1], backend, device)
+    merge_new_nodes(data, layout, rows, (edges, stored), best_new)
+    return csr_of_rows(edges, stored)
+
+
+def merge_new_nodes(data: str, layout: dict, rows: np.ndarray, graph_rows: tuple, best_new: tuple) -> None:
+    """Merge into the kNN rows ``graph_rows`` (edges: node ids of ``layout``, the index at ``data``; their
+    stored scores), in place, each row's k best new nodes ``best_new`` (ids above every edge's, exact scores:
+    :func:`ranking.best_in`), as :func:`add_nodes` does. A row changes only where its best new node reaches
+    its k-th edge; it then keeps the k best of its edges, rescored exactly (:func:`edge_scores`), and those."""
+    edges, stored = graph_rows
+    new_ids, new_scores = best_new
     # A new node has a higher id than every edge, so it enters a row only above the k-th edge's exact score,
     # which the stored float32 one is within 1e-7 of.
     changed = np.flatnonzero(new_scores[:, 0] >= stored[:, -1] - 1e-6)
     if len(changed):
         exact = edge_scores(data, layout, rows[changed], edges[changed])
-        ids, scores = merge_best(edges[changed], exact, new_ids[changed], new_scores[changed], k)
-        edges[changed], stored[changed] = ids, scores
-    return csr_of_rows(edges, stored)
+        k = edges.shape[1]
+        edges[changed], stored[changed] = merge_best(edges[changed], exact, new_ids[changed], new_scores[changed], k)
 
 
 def edge_scores(data: str, layout: dict, rows: np.ndarray, neighbors: np.ndarray) -> np.ndarray:

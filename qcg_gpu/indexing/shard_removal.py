@@ -18,7 +18,8 @@ import numpy as np
 import pyarrow as pa
 
 from ..index_format import ArrayParts, IndexWriter, Shard, index_shards, load_shard_array, load_shard_table
-from .ranking import best_over_shards, csr_of_rows, degree, read_node_embeddings
+from .knn import merge_new_nodes, shard_rows
+from .ranking import best_in, best_over_shards, csr_of_rows, degree, read_node_embeddings
 
 EMBEDDINGS = {"chunk_embeddings": "chunks", "pair_embeddings": "pairs", "node_embeddings": "nodes"}
 
@@ -92,10 +93,11 @@ def kept_embeddings(index: Path, manifest: dict, layout: list[tuple[Shard, Shard
     return arrays
 
 
-def kept_rows(old_data: str, old_layout: dict, old: Shard, data: str, layout: dict, shard: int, nodes, config):
-    """New shard ``shard``'s kNN rows (the version being written at ``data``) from old shard ``old``'s
-    (``nodes``: each old node's new id): the edges of a row that stays, renumbered, and a row that lost
-    one searched again over every new shard (with ``config``'s kNN backend and device)."""
+def kept_rows(old_data: str, old_layout: dict, old: Shard, writer: IndexWriter, shard: int, nodes, config, new=None):
+    """New shard ``shard``'s kNN rows (the version ``writer`` writes) from old shard ``old``'s (``nodes``:
+    each old node's new id): the edges of a row that stays, renumbered, and a row that lost one searched
+    again over every new shard (with ``config``'s kNN backend and device). ``new``: the embeddings of the
+    nodes a retry adds after the kept ones, which the other rows are grown against (:func:`knn.merge_new_nodes`)."""
     lo, hi = old.nodes
     keep = nodes[lo:hi] >= 0
     if not keep.any():
@@ -104,23 +106,39 @@ def kept_rows(old_data: str, old_layout: dict, old: Shard, data: str, layout: di
         np.array(load_shard_array(old_data, old_layout, old, name, verify=False)).reshape(hi - lo, -1)[keep]
         for name in ("knn_indices", "knn_scores")
     )
-    edges = nodes[edges]
-    lost = np.flatnonzero((edges < 0).any(axis=1))
-    if len(lost):
-        own = index_shards(layout)[shard]
-        rows = read_node_embeddings(data, layout, own)[lost]
-        k = edges.shape[1]
-        backend, device = config.graph.knn_backend, config.nodes.device
-        edges[lost], scores[lost] = best_over_shards(data, layout, rows, own.nodes[0] + lost, k, backend, device)
+    edges, k = nodes[edges], edges.shape[1]
+    lost = (edges < 0).any(axis=1)
+    data, layout = str(writer.data), writer_layout(writer)
+    own, backend, device = index_shards(layout)[shard], config.graph.knn_backend, config.nodes.device
+    rows = read_node_embeddings(data, layout, own)
+    if lost.any():
+        found = best_over_shards(data, layout, rows[lost], own.nodes[0] + np.flatnonzero(lost), k, backend, device)
+        edges[lost], scores[lost] = found
+    if new is not None and (~lost).any():
+        first_new = int((nodes >= 0).sum())
+        best_new = best_in(rows[~lost], None, new, np.arange(first_new, first_new + len(new)), k, backend, device)
+        grown = (edges[~lost], scores[~lost])
+        merge_new_nodes(data, layout, rows[~lost], grown, best_new)
+        edges[~lost], scores[~lost] = grown
     return csr_of_rows(edges, scores)
 
 
-def write_kept_rows(writer: IndexWriter, data: Path, manifest: dict, layout, ids: Renumbering, config) -> None:
-    """Every new shard's kNN rows (:func:`kept_rows`), one shard at a time."""
-    old_layout, new_layout = {"shards": manifest["shards"]}, {"shards": [s.to_dict() for s in writer.shards or []]}
+def write_kept_rows(
+    writer: IndexWriter, data: Path, manifest: dict, layout, ids: Renumbering, config, new=None
+) -> None:
+    """Every new shard's kNN rows, one shard at a time: the kept shards' (:func:`kept_rows`), then those of
+    the shards a retry adds after them (``new``: their nodes' embeddings), searched over every shard."""
+    old_layout = {"shards": manifest["shards"]}
     for shard, (old, _) in enumerate(layout):
-        rows = kept_rows(str(data), old_layout, old, str(writer.data), new_layout, shard, ids.nodes, config)
-        writer.write_shard_graph(shard, *rows)
+        writer.write_shard_graph(shard, *kept_rows(str(data), old_layout, old, writer, shard, ids.nodes, config, new))
+    backend, device, k = config.graph.knn_backend, config.nodes.device, config.graph.knn_k
+    for shard in range(len(layout), len(writer.shards or [])):
+        writer.write_shard_graph(shard, *shard_rows(str(writer.data), writer_layout(writer), shard, k, backend, device))
+
+
+def writer_layout(writer: IndexWriter) -> dict:
+    """The shards of the version ``writer`` writes, as a manifest lists them."""
+    return {"shards": [s.to_dict() for s in writer.shards or []]}
 
 
 def keeps_degree(ids: Renumbering, k: int) -> bool:
