@@ -157,8 +157,9 @@ def cpu_has_amx() -> bool:
 
 
 def cpu_has_int8_simd() -> bool:
-    """True when the CPU multiplies int8 vectors in SIMD (x86 AVX2 and later): an int8 GEMM then runs
-    1.6-1.8x float32, 3.6x with VNNI (Cascade Lake and later Xeons, AMD Zen 4 and later)."""
+    """True when the CPU multiplies int8 vectors in SIMD (x86 AVX2 and later): an int8 GEMM then beats
+    float32, most with VNNI (Cascade Lake and later Xeons, AMD Zen 4 and later); the ratios per CPU kind
+    are in benchmarks/RESULTS.md, "Retrieval throughput"."""
     return "avx2" in _cpuinfo()[1]
 
 
