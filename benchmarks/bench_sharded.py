@@ -44,8 +44,11 @@ NODES_PER_CHUNK = 16
 BLOCK_NODES = NODES_PER_CHUNK * 16384  # nodes generated at a time (a multiple of a chunk's)
 
 
-def write_synthetic(out: Path, n_nodes: int, dim: int, shard_nodes: int, k: int, seed: int = 0) -> None:
-    """A synthetic index of ``n_nodes`` sentence-style nodes in node shards, written block by block."""
+def write_synthetic(
+    out: Path, n_nodes: int, dim: int, shard_nodes: int | None, k: int, seed: int = 0, exact: bool = False
+) -> None:
+    """A synthetic index of ``n_nodes`` sentence-style nodes in node shards, written block by block; its
+    kNN graph a stand-in of the real shape, or with ``exact`` the exact one (every node in memory)."""
     import pyarrow as pa
 
     from qcg_gpu.config import IndexConfig
@@ -98,10 +101,15 @@ def write_synthetic(out: Path, n_nodes: int, dim: int, shard_nodes: int, k: int,
             "kept": pa.array([], pa.bool_()),
         }
     )
-    # each node's next k nodes (mod N): a stand-in graph of the real shape, k edges per row
-    indptr = np.arange(n_nodes + 1, dtype=np.int64) * k
-    indices = ((np.arange(n_nodes)[:, None] + np.arange(1, k + 1)[None, :]) % n_nodes).reshape(-1)
-    scores = np.tile(np.linspace(0.9, 0.8, k, dtype=np.float32), n_nodes)
+    if exact:
+        from qcg_gpu.indexing.knn import knn_graph
+
+        graph = knn_graph(np.concatenate(list(node_blocks())), k)
+        indptr, indices, scores = graph.indptr, graph.indices, graph.scores
+    else:  # each node's next k nodes (mod N): a stand-in graph of the real shape, k edges per row
+        indptr = np.arange(n_nodes + 1, dtype=np.int64) * k
+        indices = ((np.arange(n_nodes)[:, None] + np.arange(1, k + 1)[None, :]) % n_nodes).reshape(-1)
+        scores = np.tile(np.linspace(0.9, 0.8, k, dtype=np.float32), n_nodes)
     config = IndexConfig()
     config.nodes.nodes, config.graph.knn_k, config.graph.shard_nodes = "sentence", k, shard_nodes
     writer = IndexWriter(out, plan_shards(node_chunk, n_chunks, shard_nodes))
