@@ -166,10 +166,11 @@ def cpu_has_int8_simd() -> bool:
 @functools.cache
 def int8_node_code_max(dim: int) -> int:
     """The largest |int8 code| the nodes may take for ``torch._int_mm`` sums to be exact at this
-    dimension: 127, or 63 where oneDNN has no VNNI (AVX2, AVX-512 before Cascade Lake), whose kernel
-    adds u8 x s8 products in pairs into int16 and saturates past 32,767: at most 2 x 255 x 63 = 32,130
-    with nodes of 7 bits (the query side becomes u8 by adding 128, so it keeps its 8 bits). 0 where
-    even that is not exact. Decided by a test GEMM at first use, on the codes that saturate first."""
+    dimension: 127, or 63 where oneDNN's kernel adds u8 x s8 products in pairs into int16 and saturates
+    past 32,767 (without VNNI: an AVX-512 CPU capped to AVX2 did, a real AVX2-only EPYC Zen 2 did not),
+    at most 2 x 255 x 63 = 32,130 with nodes of 7 bits (the query side becomes u8 by adding 128, so it
+    keeps its 8 bits). 0 where even that is not exact. Decided by a test GEMM at first use, on the codes
+    that saturate first."""
     import numpy as np
 
     torch = require("torch")

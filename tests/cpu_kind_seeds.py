@@ -30,6 +30,20 @@ def float64_seeds(nodes: np.ndarray, queries: np.ndarray) -> list[tuple[list[int
     return out
 
 
+def full_codes_exact(dim: int) -> bool:
+    """Whether ``torch._int_mm`` sums full 8-bit codes exactly in a GEMM of the prefilter's size, on the
+    codes whose pair sums pass int16 first (a check of capabilities' own small test GEMM)."""
+    import torch
+
+    rng = np.random.default_rng(5)
+    queries = rng.integers(100, 128, (512, dim)).astype(np.int8)
+    queries[256:, 1::2] *= -1
+    nodes = rng.integers(117, 128, (6000, dim)).astype(np.int8)
+    nodes[3000:] *= -1
+    got = torch._int_mm(torch.from_numpy(queries), torch.from_numpy(nodes).T).numpy()
+    return bool(np.array_equal(got, queries.astype(np.int64) @ nodes.T.astype(np.int64)))
+
+
 def main() -> None:
     rng = np.random.default_rng(3)
     nodes = evenly_spread(rng, 6000, 384)
@@ -39,6 +53,7 @@ def main() -> None:
     index = QCGIndex(None, {}, nodes, *empty, np.arange(len(nodes)) // 16, (len(nodes) + 15) // 16)
     want = float64_seeds(nodes, queries)
     report: dict = {"int8_node_code_max": int8_node_code_max(nodes.shape[1])}
+    report["int8_full_codes_exact"] = full_codes_exact(nodes.shape[1])
     for prefilter in ("int8", "bf16"):
         config = RetrievalConfig(gamma=GAMMA, n=N, hops=0, top_k=5, backend="numpy", prefilter=prefilter)
         result = Retriever(index, config).search(queries)
