@@ -108,6 +108,8 @@ def kept_rows(old_data: str, old_layout: dict, old: Shard, writer: IndexWriter, 
     )
     edges, k = nodes[edges], edges.shape[1]
     lost = (edges < 0).any(axis=1)
+    if new is None and not lost.any():  # no row lost an edge: renumbered, the shard's embeddings never read
+        return csr_of_rows(edges, scores)
     data, layout = str(writer.data), writer_layout(writer)
     own, backend, device = index_shards(layout)[shard], config.graph.knn_backend, config.nodes.device
     rows = read_node_embeddings(data, layout, own)
