@@ -124,6 +124,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=10, help="kNN edges per node")
     parser.add_argument("--exact-upto", type=int, default=50_000, help="indexes this small get their exact graph")
     parser.add_argument("--root", type=Path, default=None, help="where the indexes are written (default: a temp dir)")
+    parser.add_argument("--updates", nargs="+", choices=["add", "remove"], default=["add", "remove"])
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -140,7 +141,8 @@ def main() -> None:
             paths = {"whole": root / f"whole{n}", "shards": root / f"shards{n}"}
             for layout, path in paths.items():
                 write_synthetic(path, n, args.dim, shard_nodes if layout == "shards" else None, args.k, exact=exact)
-            for update, count in (("add", args.added), ("remove", args.removed)):
+            counts = {"add": args.added, "remove": args.removed}
+            for update, count in ((update, counts[update]) for update in args.updates):
                 for layout, path in paths.items():
                     row = {"nodes": n, "update": update, "count": count, "layout": layout}
                     row |= in_child(update, path, count)
