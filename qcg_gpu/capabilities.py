@@ -156,11 +156,11 @@ def cpu_has_amx() -> bool:
     return "amx_bf16" in _cpuinfo()[1]
 
 
-def cpu_has_int8_simd() -> bool:
-    """True when the CPU multiplies int8 vectors in SIMD (x86 AVX2 and later): an int8 GEMM then beats
-    float32, most with VNNI (Cascade Lake and later Xeons, AMD Zen 4 and later); the ratios per CPU kind
-    are in benchmarks/RESULTS.md, "Retrieval throughput"."""
-    return "avx2" in _cpuinfo()[1]
+def cpu_has_vnni() -> bool:
+    """True when the CPU sums int8 products into int32 in one instruction (VNNI: Cascade Lake and later
+    Xeons, AMD Zen 4 and later), where the int8 GEMM was measured faster than float32. Not on AVX2 alone:
+    a real AVX2-only EPYC Zen 2 ran it far slower (benchmarks/RESULTS.md, "Retrieval throughput")."""
+    return bool({"avx512_vnni", "avx_vnni"} & _cpuinfo()[1])
 
 
 @functools.cache

@@ -16,7 +16,7 @@ from ..capabilities import (
     WITH_TORCH,
     check_device,
     cpu_has_amx,
-    cpu_has_int8_simd,
+    cpu_has_vnni,
     default_device,
     int8_node_code_max,
     require,
@@ -46,8 +46,8 @@ def backend_name(config: RetrievalConfig) -> str:
 def prefilter_kind(config: RetrievalConfig, device: str = "cpu", dim: int | None = None) -> str | None:
     """The GEMM precision that prefilters the seeds ("bf16", "int8") or None for the float32 GEMM.
     auto, the fastest measured (benchmarks/RESULTS.md): bf16 on CUDA GPUs from Ampere on and on
-    CPUs with AMX, int8 on other x86 CPUs (AVX2 on) whose int8 GEMM sums ``dim`` products exactly
-    (``capabilities.int8_node_code_max``), the float32 GEMM elsewhere."""
+    CPUs with AMX, int8 on other x86 CPUs with VNNI whose int8 GEMM sums ``dim`` products exactly
+    (``capabilities.int8_node_code_max``), the float32 GEMM elsewhere (AVX2 alone included)."""
     name = backend_name(config)
     if config.prefilter == "int8" and name != "numpy":
         raise QCGError("--prefilter int8 runs on the numpy backend (CPU); the torch backend takes off or bf16")
@@ -59,7 +59,7 @@ def prefilter_kind(config: RetrievalConfig, device: str = "cpu", dim: int | None
         return None
     if cpu_has_amx():
         return "bf16"
-    return "int8" if cpu_has_int8_simd() and (dim is None or int8_node_code_max(dim) > 0) else None
+    return "int8" if cpu_has_vnni() and (dim is None or int8_node_code_max(dim) > 0) else None
 
 
 def make_backend(index: QCGIndex, config: RetrievalConfig, cluster=None) -> Backend:
