@@ -424,9 +424,7 @@ def _publish_kept_shards(
     if added is None:
         _count_removed(summary, ids, change["documents"])
     else:
-        counts = _dropped_counted({"counts": counts}, summary)
-        new_tables = added.tables(counts["chunks"], counts["pairs_valid"], counts["nodes"])
-        counts |= {name: counts[name] + rows for name, rows in _row_counts(new_tables, manifest).items()}
+        new_tables, counts = _added_rows(added, counts, manifest, summary)
         tables = {name: itertools.chain(parts, [new_tables[name]]) for name, parts in tables.items()}
         arrays = {name: _appended(parts, getattr(added.embedded, name)) for name, parts in arrays.items()}
         doc_ids = pa.concat_tables([doc_ids, new_tables["chunks"].select(["doc_id"])])
@@ -487,9 +485,8 @@ def _publish_new_shards(
 ) -> None:
     """Publish a sharded index with ``added`` as new shards after its own, which are kept as they are but
     for their kNN rows (:func:`knn.grow_shards`): nothing loads the whole index."""
-    counts, embedded = _dropped_counted(manifest, summary), added.embedded
-    tables = added.tables(counts["chunks"], counts["pairs_valid"], counts["nodes"])
-    counts |= {name: counts.get(name, 0) + rows for name, rows in _row_counts(tables, manifest).items()}
+    tables, counts = _added_rows(added, manifest["counts"], manifest, summary)
+    embedded = added.embedded
     counts["knn_edges"] = counts["nodes"] * degree(config.graph.knn_k, counts["nodes"])
     every_doc_id = pa.concat_tables([doc_ids, tables["chunks"].select(["doc_id"])])
     updated = _next_manifest(manifest, counts, every_doc_id, summary, change)
@@ -514,6 +511,15 @@ def _publish_new_shards(
     kept = index_shards(manifest)
     shards = kept + plan_added_shards(kept, node_chunk, counts["chunks"], config.graph.shard_nodes)
     write_index(index, tables, arrays, graph, updated, summary, shards, reuse=manifest)
+
+
+def _added_rows(added: Additions, counts: dict, manifest: dict, summary: IndexSummary) -> tuple[dict, dict]:
+    """``added``'s table rows, numbered after the rows ``counts`` gives, and those counts grown by them
+    (and by the pairs this update dropped)."""
+    counts = _dropped_counted({"counts": counts}, summary)
+    tables = added.tables(counts["chunks"], counts["pairs_valid"], counts["nodes"])
+    counts |= {name: counts.get(name, 0) + rows for name, rows in _row_counts(tables, manifest).items()}
+    return tables, counts
 
 
 def _row_counts(tables: dict, manifest: dict) -> dict:
