@@ -65,7 +65,8 @@ def vllm_backend():
 def embedder():
     from qcg_gpu.embedding import Embedder
 
-    return Embedder(device="cpu")
+    # QCG_TEST_EMBEDDER: a folder with the same model, where its package cannot be installed (the GPU image)
+    return Embedder(os.environ.get("QCG_TEST_EMBEDDER"), device="cpu")
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,12 @@
 import numpy as np
 import pytest
 
+from qcg_gpu.capabilities import WITH_FAISS
 from qcg_gpu.indexing.knn import knn_graph
 
 from .conftest import KNN_BACKENDS as BACKENDS
+
+needs_faiss = pytest.mark.skipif(not WITH_FAISS, reason="the IVF lists are faiss k-means (the GPU image has no faiss)")
 
 
 def brute_force(emb: np.ndarray, k: int):
@@ -65,6 +68,7 @@ def edge_recall(got, want) -> float:
     return sum(found) / want.indices.size
 
 
+@needs_faiss
 def test_approximate_graph_finds_nearly_every_edge_and_scores_it_exactly(embedder):
     texts = [f"Li Hua meets friend number {i % 37} at the café on day {i}" for i in range(2000)]
     emb = embedder.encode(texts)
@@ -78,6 +82,7 @@ def test_approximate_graph_finds_nearly_every_edge_and_scores_it_exactly(embedde
     assert (np.diff(approx.scores.reshape(-1, 3), axis=1) <= 0).all() and (approx.indices != rows).all()
 
 
+@needs_faiss
 def test_a_narrow_approximate_search_misses_edges_and_a_wide_one_finds_them():
     emb = unit_rows(np.random.default_rng(5), 3000, 256)  # isotropic: no clusters for the lists to follow
     exact = knn_graph(emb, 2)
@@ -128,6 +133,7 @@ def test_ivf_lists_and_their_training_sample_stay_bounded_at_a_billion_nodes():
     assert rows[-1] < 10**9 and np.all(np.diff(rows) > 0)
 
 
+@needs_faiss
 @pytest.mark.parametrize("backend,device", BACKENDS)
 @pytest.mark.parametrize("k,probes", [(4, 1), (4, 3), (60, 1)])
 def test_the_approximate_graph_is_the_ivf_definition(backend, device, k, probes):

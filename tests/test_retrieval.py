@@ -313,28 +313,52 @@ def test_a_thread_leaving_the_exact_block_keeps_another_threads_gemm_exact():
 
 
 @pytest.mark.skipif(not WITH_TORCH, reason="the precision flags are torch's")
-def test_searches_in_two_threads_under_a_bf16_host_stay_exact():
-    """The docs' one Retriever per thread, on a host that set oneDNN's bf16 for float32 GEMMs: every result
-    of two threads searching at once equals the single-threaded float64-ranked one."""
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_searches_in_two_threads_under_a_bf16_host_stay_exact(backend):
+    """The docs' one Retriever per thread, on a host that set oneDNN's bf16 and CUDA's TF32 for float32
+    GEMMs and bf16 reductions in low precision: every result of two threads searching at once equals the
+    single-threaded one of the same backend with the host's defaults."""
     from concurrent.futures import ThreadPoolExecutor
 
     import torch
 
     index = random_index(5, 20000, 384, 2, n_chunks=1000)
     queries = queries_for(index, 5, 256)
-    config = RetrievalConfig(gamma=1.0, n=10, hops=1, top_k=5, backend="numpy", prefilter="off")
+    config = RetrievalConfig(gamma=1.0, n=10, hops=1, top_k=5, **backend)
     expected = Retriever(index, config).search(queries)
-    saved = torch.backends.mkldnn.matmul.fp32_precision
-    torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+    cuda, mkldnn = torch.backends.cuda.matmul, torch.backends.mkldnn.matmul
+    saved = cuda.fp32_precision, mkldnn.fp32_precision, cuda.allow_bf16_reduced_precision_reduction
+    cuda.fp32_precision, mkldnn.fp32_precision, cuda.allow_bf16_reduced_precision_reduction = "tf32", "bf16", True
     try:
         with ThreadPoolExecutor(2) as pool:
             retrievers = [Retriever(index, config) for _ in range(2)]
             results = list(pool.map(lambda i: [retrievers[i % 2].search(queries) for _ in range(4)], range(2)))
     finally:
-        torch.backends.mkldnn.matmul.fp32_precision = saved
+        cuda.fp32_precision, mkldnn.fp32_precision, cuda.allow_bf16_reduced_precision_reduction = saved
     for result in (r for runs in results for r in runs):
         for field in ("seed_ids", "seed_sims", "chunk_ids", "scores"):
             np.testing.assert_array_equal(getattr(result, field), getattr(expected, field), err_msg=field)
+
+
+@pytest.mark.skipif(not WITH_TORCH, reason="the torch backend's rescoring")
+@pytest.mark.parametrize("device", DEVICES)
+def test_float64_rescoring_gives_a_pair_the_same_bits_in_any_batch_and_on_any_device(device):
+    """Node shards searched apart rank their seeds by these numbers, merged as one process would."""
+    import torch
+
+    from qcg_gpu.retrieval.torch_backend import pair_dot
+
+    rng = np.random.default_rng(0)
+    nodes = torch.from_numpy(unit_rows(rng, 5000, 384))
+    queries = torch.from_numpy(unit_rows(rng, 64, 384))
+    ids, rows = torch.from_numpy(rng.integers(0, 5000, 200000)), torch.from_numpy(rng.integers(0, 64, 200000))
+    on_cpu = pair_dot(torch, nodes, queries, ids, rows)
+    nodes, queries, ids, rows = (t.to(device) for t in (nodes, queries, ids, rows))
+    whole = pair_dot(torch, nodes, queries, ids, rows).cpu()
+    alone = torch.cat([pair_dot(torch, nodes, queries, ids[i : i + 7], rows[i : i + 7]) for i in range(0, 70, 7)])
+    assert torch.equal(whole, on_cpu) and torch.equal(alone.cpu(), on_cpu[:70])
+    exact = (nodes[ids].double() * queries[rows].double()).cpu().numpy()
+    np.testing.assert_allclose(whole.numpy(), exact.sum(1), rtol=0, atol=1e-15)
 
 
 def unit_rows(rng, rows: int, dim: int, around=None) -> np.ndarray:

@@ -30,7 +30,7 @@ from qcg_gpu.index_format import (
 from qcg_gpu.integrity import check_index
 from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever
 
-from .conftest import sample_docs
+from .conftest import DEVICES, KNN_BACKENDS, sample_docs
 
 SHARD_NODES = 60
 
@@ -146,9 +146,12 @@ def test_shard_nodes_zero_is_refused_in_one_line(cli, tmp_path):
     assert result.returncode == 2 and "--shard-nodes must be >= 1, got 0" in result.stderr
 
 
-@pytest.mark.parametrize("prefilter", ["off", "int8", "bf16"])
-def test_shard_owners_in_this_process_equal_one_process(whole_and_sharded, prefilter):
-    from qcg_gpu.retrieval.retriever import prefilter_kind
+OWNER_BACKENDS = [("numpy", "cpu", p) for p in ("off", "int8", "bf16")]
+OWNER_BACKENDS += [("torch", device, p) for device in DEVICES for p in ("off", "bf16")]
+
+
+@pytest.mark.parametrize(("backend", "device", "prefilter"), [pytest.param(*b, id="-".join(b)) for b in OWNER_BACKENDS])
+def test_shard_owners_in_this_process_equal_one_process(whole_and_sharded, backend, device, prefilter):
     from qcg_gpu.retrieval.shard_backend import local_owners
 
     whole, sharded = whole_and_sharded
@@ -159,9 +162,13 @@ def test_shard_owners_in_this_process_equal_one_process(whole_and_sharded, prefi
     for owners in (1, 3):
         sharded_backend = local_owners(sharded, read_manifest(sharded), owners)
         for hops in (0, 1, 2):
-            config = RetrievalConfig(gamma=1.3, hops=hops, n=10, top_k=5, prefilter=prefilter)
-            sharded_backend.prefilter = prefilter_kind(config)
-            want, got = Retriever(one, config).search(queries), sharded_backend.search(queries, config)
+            config = RetrievalConfig(
+                gamma=1.3, hops=hops, n=10, top_k=5, backend=backend, device=device, prefilter=prefilter
+            )
+            one_process = Retriever(one, config)
+            want, got = one_process.search(queries), sharded_backend.search(queries, config)
+            assert {type(o._backend(config)) for o in sharded_backend.owners} == {type(one_process.backend)}
+            assert want.n_selected.min() > 0 and (hops == 0 or want.n_selected.max() > 10)
             for name in RESULT_FIELDS:
                 assert np.array_equal(getattr(want, name), getattr(got, name)), (owners, hops, name)
 
@@ -331,15 +338,17 @@ def node_embeddings(whole, data: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("data", ["real", "ties"])
-def test_shard_by_shard_knn_equals_the_one_process_graph(whole_and_sharded, tmp_path, data):
-    """knn.shard_rows (a task per shard on Ray) against knn.knn_graph on the same nodes: every edge and
-    score equal, on real embeddings and on many exact duplicates (ties broken by lower id across shards)."""
+@pytest.mark.parametrize("backend,device", KNN_BACKENDS)
+def test_shard_by_shard_knn_equals_the_one_process_graph(whole_and_sharded, tmp_path, data, backend, device):
+    """knn.shard_rows (a task per shard on Ray; its candidates searched by each kNN backend, a GPU's
+    included) against knn.knn_graph on the same nodes: every edge and score equal, on real embeddings and
+    on many exact duplicates (ties broken by lower id across shards)."""
     from qcg_gpu.indexing.knn import knn_graph, shard_rows
 
     emb = node_embeddings(whole_and_sharded[0], data)
     writer, layout = write_node_shards(emb, tmp_path / "index")
     want = knn_graph(emb, 4)
-    rows = [shard_rows(str(writer.data), layout, s, 4) for s in range(len(writer.shards))]
+    rows = [shard_rows(str(writer.data), layout, s, 4, backend, device) for s in range(len(writer.shards))]
     writer.abort()
     assert np.array_equal(np.concatenate([r[1] for r in rows]), want.indices)
     assert np.array_equal(np.concatenate([r[2] for r in rows]), want.scores)

@@ -58,6 +58,13 @@ class NumpyBackend:
             ids[part], sims[part] = tile_ids, tile_sims
         return ids, sims
 
+    def rank(self, q: np.ndarray, selected: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Steps 4-5 (chunk means, top-K) over a Q* chosen elsewhere: ``selected`` (B, L) node ids, -1
+        padded, as a node shard's owner gets its part of Q* (``shard_backend``); each chunk's
+        similarities are summed in ``selected``'s order. Chunk ids and scores."""
+        chunks, scores, _ = rank_from_seeds(self.index, q, selected, 0, top_k, self.graph)  # Q* given whole
+        return chunks, scores
+
     def _tiles(self, q: np.ndarray, config: RetrievalConfig):
         """(rows, seed ids, float64 seed sims, [chunk ids, scores, |Q*|]) of each query tile."""
         if self.prefilter is None:

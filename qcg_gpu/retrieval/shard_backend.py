@@ -2,18 +2,20 @@
 result equals one process's bit for bit.
 
 Each :class:`ShardOwner` loads a contiguous range of an index's node shards from their files alone
-(node embeddings, kNN rows, each node's chunk). One batch of queries then goes in three steps
-(METHOD.md, retrieval steps 2-5), the driver holding only per-query lists:
+(node embeddings, kNN rows, each node's chunk) and searches them with the backend one process would
+run there (``retriever.local_backend``: torch on the worker's GPU where it has one, numpy otherwise).
+One batch of queries then goes in three steps (METHOD.md, retrieval steps 2-5), the driver holding
+only per-query lists:
 
 1. Seeds: every owner returns its best n nodes with their float64 similarities, the numbers the
-   one-process kernels rank by (``NumpyBackend.seeds``); the driver merges them by (similarity desc,
-   node id asc) and keeps n. Ids are global, so this is the one-process choice.
+   one-process backend ranks by (``NumpyBackend.seeds``, ``TorchBackend.seeds``); the driver merges
+   them by (similarity desc, node id asc) and keeps n. Ids are global, so this is the one-process choice.
 2. Expansion, h rounds: the driver asks the owners of the current frontier for their kNN rows and
    appends each unseen neighbour in the order the one-process breadth-first walk finds it.
-3. Chunks: every owner gets the nodes of Q* it holds, in Q*'s order, and scores its own chunks with
-   the one-process kernel (``expand_cpu.expand_and_rank``: the same dot products, the chunk sums in the
-   same order); a chunk's nodes never span two shards, so each owner's top-K is exact, and the driver
-   merges them by (score desc, chunk id asc).
+3. Chunks: every owner gets the nodes of Q* it holds, in Q*'s order, and scores its own chunks as the
+   one-process backend does (``rank``: the same dot products, each chunk's sum in the same order); a
+   chunk's nodes never span two shards, so each owner's top-K is exact, and the driver merges them by
+   (score desc, chunk id asc).
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ from ..index_format import (
     load_shard_table,
     read_shard_rows,
 )
-from ..kernels.structs import Graph, Ranking
 from .index import QCGIndex
 from .result import RetrievalResult
 
@@ -84,18 +85,14 @@ class ShardOwner:
             verified=verify,
             data=data,
         )
-        self._seeds: dict = {}  # prefilter kind -> the NumpyBackend that selects this owner's seeds
+        self._backends: dict = {}  # (backend, device, prefilter) -> the in-process backend over these nodes
 
     def nodes(self) -> tuple[int, int]:
         return self.first_node, self.end_node
 
-    def seeds(self, queries: np.ndarray, config: RetrievalConfig, prefilter: str | None):
+    def seeds(self, queries: np.ndarray, config: RetrievalConfig):
         """This owner's best n seeds per query (global ids, -1 padded) and their float64 similarities."""
-        from .numpy_backend import NumpyBackend
-
-        if prefilter not in self._seeds:
-            self._seeds[prefilter] = NumpyBackend(self.local, prefilter)
-        ids, sims = self._seeds[prefilter].seeds(queries, config)
+        ids, sims = self._backend(config).seeds(queries, config)
         return np.where(ids >= 0, ids + self.first_node, -1), sims
 
     def rows(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -104,21 +101,24 @@ class ShardOwner:
         starts, ends = self.indptr[local], self.indptr[local + 1]
         return ends - starts, _gather_rows(self.indices, starts, ends)
 
-    def rank(self, queries: np.ndarray, ptr: np.ndarray, nodes: np.ndarray, top_k: int):
+    def rank(self, queries: np.ndarray, ptr: np.ndarray, nodes: np.ndarray, config: RetrievalConfig):
         """Top-K of this owner's chunks per query from its nodes of Q* (``nodes[ptr[b]:ptr[b+1]]``, global
-        ids in Q*'s order): the one-process kernel, which sums each chunk's similarities in that order."""
-        from ..kernels import expand_cpu
-
+        ids in Q*'s order), by the backend that one process would run (a chunk's nodes are all here)."""
         width = int(np.diff(ptr).max()) if len(queries) else 0
         selected = np.full((len(queries), max(width, 1)), -1, np.int64)
         _fill_padded(selected, ptr, nodes - self.first_node)
-        local = self.local
-        graph = Graph(
-            indptr=local.knn_indptr, indices=local.knn_indices, node_chunk=local.node_chunk, n_chunks=local.n_chunks
-        )
-        ranking = Ranking(hops=0, top_k=top_k, n_threads=numba.get_num_threads())  # Q* is given whole
-        chunks, scores, _ = expand_cpu.expand_and_rank(selected, queries, local.node_embeddings, graph, ranking)
+        chunks, scores = self._backend(config).rank(queries, selected, config.top_k)
         return np.where(chunks >= 0, chunks + self.first_chunk, -1), scores
+
+    def _backend(self, config: RetrievalConfig):
+        """The backend ``config`` names over this owner's nodes, chosen here: on a worker with a GPU,
+        ``auto`` is torch on it; the prefilter is this CPU's or GPU's fastest (every one is exact)."""
+        from .retriever import local_backend
+
+        key = (config.backend, config.device, config.prefilter)
+        if key not in self._backends:
+            self._backends[key] = local_backend(self.local, config)
+        return self._backends[key]
 
 
 class ShardedBackend:
@@ -126,8 +126,8 @@ class ShardedBackend:
     method name, arguments) in, their results out): Ray actors holding a :class:`ShardOwner` each on a
     cluster (:func:`ray_owners`), or plain ones in this process (:func:`local_owners`)."""
 
-    def __init__(self, owners: list, bounds: np.ndarray, call, prefilter: str | None):
-        self.owners, self.bounds, self.call, self.prefilter = owners, bounds, call, prefilter
+    def __init__(self, owners: list, bounds: np.ndarray, call):
+        self.owners, self.bounds, self.call = owners, bounds, call
         self.bytes_moved = 0  # driver <-> owner payload bytes (arrays), for the benchmark
 
     def search(self, queries: np.ndarray, config: RetrievalConfig) -> RetrievalResult:
@@ -143,7 +143,7 @@ class ShardedBackend:
             rows_ptr, neighbours = self._rows(wanted)
             ptr, selected, frontier = _expand_round(ptr, selected, frontier, wanted, rows_ptr, neighbours)
         out.n_selected[:] = np.diff(ptr)
-        out.chunk_ids[:], out.scores[:] = self._rank(queries, ptr, selected, config.top_k)
+        out.chunk_ids[:], out.scores[:] = self._rank(queries, ptr, selected, config)
         return out
 
     def _gather(self, name: str, args_of) -> list:
@@ -155,7 +155,7 @@ class ShardedBackend:
         return results
 
     def _seeds(self, queries: np.ndarray, config: RetrievalConfig) -> tuple[np.ndarray, np.ndarray]:
-        return _best_of(self._gather("seeds", lambda i: (queries, config, self.prefilter)), config.n)
+        return _best_of(self._gather("seeds", lambda i: (queries, config)), config.n)
 
     def _rows(self, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         cuts = np.searchsorted(wanted, self.bounds[1:-1])
@@ -164,23 +164,23 @@ class ShardedBackend:
         lengths = np.concatenate([p[0] for p in parts])
         return np.concatenate([[0], np.cumsum(lengths)]), np.concatenate([p[1] for p in parts])
 
-    def _rank(self, queries, ptr, selected, top_k: int):
+    def _rank(self, queries, ptr, selected, config: RetrievalConfig):
         owner = np.searchsorted(self.bounds, selected, side="right") - 1
         query_of = np.repeat(np.arange(len(ptr) - 1), np.diff(ptr))
 
         def args(i):
             mine = owner == i
             counts = np.bincount(query_of[mine], minlength=len(ptr) - 1)
-            return queries, np.concatenate([[0], np.cumsum(counts)]), selected[mine], top_k
+            return queries, np.concatenate([[0], np.cumsum(counts)]), selected[mine], config
 
-        return _best_of(self._gather("rank", args), top_k)
+        return _best_of(self._gather("rank", args), config.top_k)
 
 
 def local_owners(index_path, manifest: dict, owners: int, verify: bool = True) -> ShardedBackend:
     """A :class:`ShardedBackend` whose owners live in this process (one machine, tests)."""
     groups = owner_groups(index_shards(manifest), owners)
     made = [ShardOwner(str(index_path), manifest, [s.name for s in group], verify) for group in groups]
-    return ShardedBackend(made, _bounds(groups), _call_local, None)
+    return ShardedBackend(made, _bounds(groups), _call_local)
 
 
 class ShardActor:
@@ -215,7 +215,7 @@ class ShardActor:
         return getattr(self.owner, name)(*args)
 
 
-def ray_owners(cluster, index: QCGIndex, prefilter: str | None) -> ShardedBackend:
+def ray_owners(cluster, index: QCGIndex) -> ShardedBackend:
     """A :class:`ShardedBackend` whose owners are actors on ``cluster``'s workers (one per worker, or
     per shard where there are fewer), each loading its shards from the index's files."""
     groups = owner_groups(index.shards, cluster.workers)
@@ -227,7 +227,7 @@ def ray_owners(cluster, index: QCGIndex, prefilter: str | None) -> ShardedBacken
     def call(calls: list) -> list:
         return _ray_results(cluster, [owner.call.remote(name, *args) for owner, name, args in calls])
 
-    return ShardedBackend(actors, _bounds(groups), call, prefilter)
+    return ShardedBackend(actors, _bounds(groups), call)
 
 
 def _ray_results(cluster, futures: list) -> list:

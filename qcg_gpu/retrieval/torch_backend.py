@@ -60,28 +60,57 @@ class TorchBackend:
         self.topk_tiles = 0  # query tiles that took the topk path (too many nodes passed the threshold)
 
     def search(self, q: np.ndarray, config: RetrievalConfig) -> RetrievalResult:
-        torch, index, out = self.torch, self.index, RetrievalResult.empty(len(q), config)
-        n_nodes = len(index.node_embeddings)
-        if n_nodes == 0:
-            return out
-        threshold, n = float(seed_threshold(config.gamma)), min(config.n, n_nodes)
-        threshold_first = True  # until a tile passes more candidates than the budget: then topk for the rest
-        with torch.inference_mode(), ieee_float32_matmul():
-            for start in range(0, len(q), self.tile_rows):
-                tile = torch.from_numpy(q[start : start + self.tile_rows]).to(self.device)
-                part = slice(start, start + len(tile))
-                seeds = self._threshold_first(tile, threshold, n) if threshold_first else None
-                if seeds is None:
-                    threshold_first = False
-                    seeds = self._topk_seeds(tile, threshold, n)
-                seed_ids, seed_sims = seeds
+        out = RetrievalResult.empty(len(q), config)
+        n_nodes = len(self.index.node_embeddings)
+        with self.torch.inference_mode(), ieee_float32_matmul():
+            for part, tile, seed_ids, seed_sims in self._seed_tiles(q, config):
                 out.seed_ids[part, : seed_ids.shape[1]] = seed_ids.cpu().numpy()
-                out.seed_sims[part, : seed_ids.shape[1]] = seed_sims.cpu().numpy()
+                out.seed_sims[part, : seed_ids.shape[1]] = seed_sims.float().cpu().numpy()
                 selected = self._expand(seed_ids, config.hops)
                 chunks, scores = self._rank_chunks(tile, selected, config.top_k)
                 out.chunk_ids[part], out.scores[part] = chunks.cpu().numpy(), scores.cpu().numpy()
                 out.n_selected[part] = (selected < n_nodes).sum(1).cpu().numpy()
         return out
+
+    def seeds(self, q: np.ndarray, config: RetrievalConfig) -> tuple[np.ndarray, np.ndarray]:
+        """The seeds alone (B, min(n, N)), best first, with the float64 similarities they rank by: a node
+        shard's part of the seeds, which merge exactly with the other shards' (``shard_backend``)."""
+        n = min(config.n, self.index.n_nodes)
+        ids, sims = np.full((len(q), n), -1, np.int64), np.full((len(q), n), -np.inf, np.float64)
+        with self.torch.inference_mode(), ieee_float32_matmul():
+            for part, _, seed_ids, seed_sims in self._seed_tiles(q, config):
+                ids[part, : seed_ids.shape[1]], sims[part, : seed_ids.shape[1]] = seed_ids.cpu(), seed_sims.cpu()
+        return ids, sims
+
+    def rank(self, q: np.ndarray, selected: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Steps 4-5 (chunk means, top-K) over a Q* chosen elsewhere: ``selected`` (B, L) node ids, -1
+        padded, as a node shard's owner gets its part of Q* (``shard_backend``). Chunk ids and scores."""
+        torch, n_nodes = self.torch, self.index.n_nodes
+        chunks, scores = np.full((len(q), top_k), -1, np.int64), np.full((len(q), top_k), -np.inf, np.float32)
+        with torch.inference_mode():
+            for start in range(0, len(q), self.tile_rows):
+                part = slice(start, start + self.tile_rows)
+                ids = torch.from_numpy(np.ascontiguousarray(selected[part], dtype=np.int64)).to(self.device)
+                ids = unique_rows(torch, torch.where(ids >= 0, ids, n_nodes), n_nodes)  # ascending, as _expand's
+                tile = torch.from_numpy(q[part]).to(self.device)
+                best, values = self._rank_chunks(tile, ids, top_k)
+                chunks[part], scores[part] = best.cpu().numpy(), values.cpu().numpy()
+        return chunks, scores
+
+    def _seed_tiles(self, q: np.ndarray, config: RetrievalConfig):
+        """(rows, query tile, seed ids, float64 seed sims) of each query tile, as tensors on the device."""
+        n_nodes = len(self.index.node_embeddings)
+        if n_nodes == 0:
+            return
+        threshold, n = float(seed_threshold(config.gamma)), min(config.n, n_nodes)
+        threshold_first = True  # until a tile passes more candidates than the budget: then topk for the rest
+        for start in range(0, len(q), self.tile_rows):
+            tile = self.torch.from_numpy(q[start : start + self.tile_rows]).to(self.device)
+            seeds = self._threshold_first(tile, threshold, n) if threshold_first else None
+            if seeds is None:
+                threshold_first = False
+                seeds = self._topk_seeds(tile, threshold, n)
+            yield slice(start, start + len(tile)), tile, *seeds
 
     def _topk_seeds(self, tile, threshold: float, n: int):
         """(B, n) seed ids and similarities by topk over (B, N) similarity sub-tiles."""
@@ -129,8 +158,7 @@ class TorchBackend:
         rows, ids = rows[hopeful], ids[hopeful]
         sims64 = pair_dot(torch, self.nodes, tile, ids, rows)
         exact = sims64 >= threshold
-        ids, sims = top_n_per_row(torch, rows[exact], ids[exact], sims64[exact], len(tile), n)
-        return ids, sims.float()
+        return top_n_per_row(torch, rows[exact], ids[exact], sims64[exact], len(tile), n)
 
     def _seeds(self, sims, threshold: float, n: int):
         """Best n with sim >= threshold, ties by lower id; -1 padded."""
@@ -164,7 +192,7 @@ class TorchBackend:
         sims = exact_dot(torch, self.nodes, tile, ids)
         sims = torch.where((vals >= floor[:, None]) & (sims >= threshold), sims, -float("inf"))
         ids, sims = sort_best_first(ids, sims)  # float64: float32 rounding makes no ties
-        ids, sims = ids[:, :n], sims[:, :n].float()
+        ids, sims = ids[:, :n], sims[:, :n]
         ids = torch.where(torch.isfinite(sims), ids, -1)
         if not complete.all():
             rows = torch.nonzero(~complete).flatten()
@@ -180,8 +208,7 @@ class TorchBackend:
             sub = tile[start : start + rows].double()
             blocks = range(0, len(self.nodes), self.node_block)
             sims = torch.cat([sub @ self.nodes[b : b + self.node_block].double().T for b in blocks], dim=1)
-            ids, vals = self._seeds(sims, threshold, n)
-            parts.append((ids, vals.float()))
+            parts.append(self._seeds(sims, threshold, n))
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     def _expand(self, seed_ids, hops: int):
@@ -227,12 +254,27 @@ def exact_dot(torch, nodes, queries, ids):
 
 def pair_dot(torch, nodes, queries, ids, rows, block: int = 1 << 18):
     """float64 ``nodes[ids[i]] . queries[rows[i]]`` for every pair i, in blocks of pairs so the
-    gathered float64 rows stay small (2^18 x 384 x 8 bytes x 2 = 1.6 GB at most)."""
+    gathered float64 rows stay small (2^18 x 384 x 8 bytes x 2 = 1.6 GB at most). The same number
+    for a pair on every device and in every batch (:func:`halving_sum`), so node shards searched
+    apart rank their seeds as one process does."""
     out = torch.empty(ids.shape, dtype=torch.float64, device=ids.device)
     for start in range(0, len(ids), block):
         part = slice(start, start + block)
-        out[part] = (nodes[ids[part]].double() * queries[rows[part]].double()).sum(1)
+        out[part] = halving_sum(torch, nodes[ids[part]].double() * queries[rows[part]].double())
     return out
+
+
+def halving_sum(torch, products):
+    """Each row's sum, added in a fixed order: the first half of the columns plus the second, until
+    one is left. ``sum(1)``'s order depends on the device and on the number of rows (CUDA's reduction
+    kernel picks its layout from the shape); this one depends on neither. The products of float32
+    values are exact in float64, so the sums are the same bits on CPU and GPU."""
+    while products.shape[1] > 1:
+        if products.shape[1] % 2:
+            products = torch.nn.functional.pad(products, (0, 1))  # + 0.0 changes no sum
+        half = products.shape[1] // 2
+        products = products[:, :half] + products[:, half:]
+    return products[:, 0] if products.shape[1] else products.new_zeros(len(products))
 
 
 def rank_in_rows(torch, rows, vals, b: int):
