@@ -43,7 +43,6 @@ class TorchBackend:
         self.neighbors = torch.from_numpy(np.asarray(index.knn_indices, dtype=np.int64)).to(self.device).view(n, self.k)
         # one extra row so that padding (-1 -> n) gathers harmlessly: no neighbours, chunk "n_chunks"
         self.neighbors = torch.cat([self.neighbors, torch.full((1, self.k), n, device=self.device, dtype=torch.int64)])
-        self.nodes_padded = torch.cat([self.nodes, torch.zeros((1, index.dim), device=self.device)])
         self.node_chunk = torch.from_numpy(np.r_[index.node_chunk, index.n_chunks]).to(self.device)
         self.bf16 = bool(prefilter and n)
         self.nodes_low = self.nodes.bfloat16() if self.bf16 else self.nodes  # the GEMM's precision
@@ -225,7 +224,8 @@ class TorchBackend:
     def _rank_chunks(self, tile, selected, top_k: int):
         """Mean similarity per chunk over Q*, then the K best chunks (ties by lower chunk id)."""
         torch, n_chunks = self.torch, self.index.n_chunks
-        sims = self._gather_dot(self.nodes_padded, tile, selected)  # only the Q* entries (Triton on CUDA)
+        # only the Q* entries (Triton on CUDA); gather_dot gives id -1 a 0, so the nodes need no padding row
+        sims = self._gather_dot(self.nodes, tile, torch.where(selected < len(self.nodes), selected, -1))
         chunks = self.node_chunk[selected]
         chunks, order = chunks.sort(dim=1, stable=True)
         sims = sims.gather(1, order)
