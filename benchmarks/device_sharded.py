@@ -50,12 +50,13 @@ def main() -> None:
 
     from qcg_gpu.index_format import read_manifest
     from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever
+    from qcg_gpu.retrieval.retriever import local_backend
     from qcg_gpu.retrieval.shard_backend import local_owners
 
     path = Path(tempfile.mkdtemp(prefix="device_sharded_")) / "index"
     write_synthetic(path, args.nodes, 384, args.shard_nodes, k=10)
     queries, whole = queries_of(path, args.queries), QCGIndex.load(path, verify=False)
-    owners = local_owners(path, read_manifest(path), args.owners, verify=False)
+    owners = local_owners(path, read_manifest(path), args.owners, local_backend, verify=False)
     for hops in (0, 1, 2):
         config = RetrievalConfig(hops=hops, backend="torch", device=args.device, prefilter=args.prefilter)
         want, one_qps = timed(Retriever(whole, config), queries, config)

@@ -146,12 +146,19 @@ def test_shard_nodes_zero_is_refused_in_one_line(cli, tmp_path):
     assert result.returncode == 2 and "--shard-nodes must be >= 1, got 0" in result.stderr
 
 
+def test_a_remove_on_ray_of_an_index_of_one_shard_is_refused_before_a_cluster_starts(whole_and_sharded, cli):
+    result = cli("index", "remove", whole_and_sharded[0], "20260105_1400", "--ray")
+    assert result.returncode == 2 and "is one shard, and its removal runs in this process" in result.stderr
+    assert "Ray" not in result.stderr
+
+
 OWNER_BACKENDS = [("numpy", "cpu", p) for p in ("off", "int8", "bf16")]
 OWNER_BACKENDS += [("torch", device, p) for device in DEVICES for p in ("off", "bf16")]
 
 
 @pytest.mark.parametrize(("backend", "device", "prefilter"), [pytest.param(*b, id="-".join(b)) for b in OWNER_BACKENDS])
 def test_shard_owners_in_this_process_equal_one_process(whole_and_sharded, backend, device, prefilter):
+    from qcg_gpu.retrieval.retriever import local_backend
     from qcg_gpu.retrieval.shard_backend import local_owners
 
     whole, sharded = whole_and_sharded
@@ -160,7 +167,7 @@ def test_shard_owners_in_this_process_equal_one_process(whole_and_sharded, backe
     queries = one.node_embeddings[rng.choice(one.n_nodes, 100)] + rng.normal(0, 0.05, (100, one.dim))
     queries = (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
     for owners in (1, 3):
-        sharded_backend = local_owners(sharded, read_manifest(sharded), owners)
+        sharded_backend = local_owners(sharded, read_manifest(sharded), owners, local_backend)
         for hops in (0, 1, 2):
             config = RetrievalConfig(
                 gamma=1.3, hops=hops, n=10, top_k=5, backend=backend, device=device, prefilter=prefilter
@@ -290,10 +297,12 @@ def test_a_ray_build_writes_the_same_shards(whole_and_sharded, tmp_path, cluster
     assert_same_index(sharded, tmp_path / "ray")
 
 
-def test_an_add_on_ray_grows_the_same_shards(tmp_path, embedder, cluster):
-    """An add to a sharded index with a cluster (a Ray task per shard grows its kNN rows) equals the one in
-    this process, file for file."""
-    from qcg_gpu.indexing.incremental import add_documents
+def test_an_add_and_a_remove_on_ray_give_the_same_shards(tmp_path, embedder, cluster, monkeypatch):
+    """An add to a sharded index with a cluster (a Ray task per shard grows its kNN rows), then a remove
+    (a Ray task per shard renumbers its rows and searches those that lost an edge), each equal to the same
+    update in this process, file for file."""
+    from qcg_gpu.indexing import shard_removal
+    from qcg_gpu.indexing.incremental import add_documents, remove_documents
 
     from .test_incremental import _split_docs
 
@@ -306,6 +315,14 @@ def test_an_add_on_ray_grows_the_same_shards(tmp_path, embedder, cluster):
     add_documents(tmp_path / "ray", new, config, embedder=embedder, cluster=cluster)
     grown = index_shards(read_manifest(tmp_path / "ray"))
     assert grown[: len(before)] == before and len(grown) > len(before)
+    assert_same_index(tmp_path / "here", tmp_path / "ray")
+
+    original, on_ray = shard_removal.kept_rows_on, []  # the removal's kNN rows go to the cluster's tasks
+    monkeypatch.setattr(shard_removal, "kept_rows_on", lambda *args: on_ray.append(original(*args)))
+    gone = sorted(set(load_table(tmp_path / "here", "chunks").column("doc_id").to_pylist()))[1:3]
+    remove_documents(tmp_path / "here", gone)
+    remove_documents(tmp_path / "ray", gone, cluster=cluster)
+    assert len(on_ray) == 1
     assert_same_index(tmp_path / "here", tmp_path / "ray")
 
 

@@ -77,6 +77,7 @@ def add_parser(commands) -> None:
     remove.add_argument("index", help="the index to remove from")
     remove.add_argument("doc_ids", nargs="+", metavar="DOC_ID", help="documents to remove")
     add_output_options(remove)
+    add_ray_options(remove)
     remove.set_defaults(run=run_remove)
 
     retry = actions.add_parser(
@@ -167,9 +168,15 @@ def run_retry(args) -> int:
 
 
 def run_remove(args) -> int:
+    from ..index_format import index_shards, read_manifest
     from ..indexing.incremental import remove_documents
 
-    summary = remove_documents(args.index, args.doc_ids)
+    if args.ray and len(index_shards(read_manifest(args.index))) < 2:  # before a cluster starts
+        raise QCGError(
+            f"--ray searches the kNN rows of an index stored in node shards, a task per shard; {args.index} "
+            "is one shard, and its removal runs in this process (leave out --ray)"
+        )
+    summary = remove_documents(args.index, args.doc_ids, cluster=ray_cluster(args))
     print(f"removed {summary.documents} documents ({summary.chunks} chunks, {summary.nodes} nodes) from {args.index}")
     return 0
 

@@ -111,7 +111,7 @@ def knn_of_shards(cluster: RayCluster, writer: IndexWriter, k: int, backend: str
         own_lists = [own for _, own in lists]  # in a list: each task fetches them one shard at a time
         task = ray.remote(**cluster.worker_resources)(_ivf_shard_rows)
         pending = {task.remote(data, layout, i, k, lists[i][0], own_lists, backend, device): i for i in shards}
-    _write_as_done(cluster, writer, pending)
+    write_as_done(cluster, writer, pending)
 
 
 def grow_shards_on(cluster: RayCluster, writer: IndexWriter, data, manifest: dict, new: np.ndarray, config) -> None:
@@ -128,10 +128,10 @@ def grow_shards_on(cluster: RayCluster, writer: IndexWriter, data, manifest: dic
     pending = {grow.remote(str(data), old, i, added, backend, device): i for i in range(n_old)}
     for i in range(n_old, len(writer.shards)):
         pending[search.remote(str(writer.data), layout, i, k, backend, device)] = i
-    _write_as_done(cluster, writer, pending)
+    write_as_done(cluster, writer, pending)
 
 
-def _write_as_done(cluster: RayCluster, writer: IndexWriter, pending: dict) -> None:
+def write_as_done(cluster: RayCluster, writer: IndexWriter, pending: dict) -> None:
     """Write each shard's kNN rows as its task ends (``pending``: task -> shard): the driver holds one at a time."""
     with progress_bar(total=len(pending), desc="kNN shards", unit="shard") as bar:
         while pending:

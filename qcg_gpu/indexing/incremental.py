@@ -174,8 +174,9 @@ def publish_added(
         _publish(index, _with_nodes(_Stored.load(index), added, config, summary), summary, change)
 
 
-def remove_documents(index: str | Path, doc_ids: list[str]) -> IndexSummary:
-    """Remove the documents ``doc_ids`` (their chunks, pairs and nodes) from an index."""
+def remove_documents(index: str | Path, doc_ids: list[str], cluster=None) -> IndexSummary:
+    """Remove the documents ``doc_ids`` (their chunks, pairs and nodes) from an index; a Ray ``cluster``
+    searches the kNN rows of a sharded index, a task per shard."""
     index = Path(index)
     with update_lock(index):
         manifest = read_manifest(index)
@@ -186,9 +187,7 @@ def remove_documents(index: str | Path, doc_ids: list[str]) -> IndexSummary:
             keep_chunk = _kept_chunks(np.array(chunk_docs.column("doc_id").to_pylist(), dtype=object), doc_ids)
             ids = Renumbering.keeping(keep_chunk, *(_chunk_ids(index, manifest, name) for name in ("pairs", "nodes")))
             if keeps_degree(ids, config.graph.knn_k):
-                _publish_kept_shards(
-                    index, manifest, chunk_docs.filter(pa.array(keep_chunk)), ids, config, summary, change
-                )
+                _publish_kept_shards(index, manifest, ids, config, summary, change, cluster=cluster)
                 return summary
         stored = _Stored.load(index)
         _publish(index, _without_documents(stored, doc_ids, config, summary), summary, change)
@@ -243,8 +242,7 @@ def retry_failed(
             ids = Renumbering.keeping(keep_chunk, *(_chunk_ids(index, manifest, name) for name in ("pairs", "nodes")))
             n_kept, k = int((ids.nodes >= 0).sum()), config.graph.knn_k
             if keeps_degree(ids, k) and degree(k, n_kept) == degree(k, n_kept + len(added.embedded.node_embeddings)):
-                kept_docs = chunk_docs.filter(pa.array(keep_chunk))
-                _publish_kept_shards(index, manifest, kept_docs, ids, config, summary, change, added)
+                _publish_kept_shards(index, manifest, ids, config, summary, change, added, cluster)
                 return summary
         remaining = _without_documents(_Stored.load(index), list(failed), config, IndexSummary(out=index))
         _publish(index, _with_nodes(remaining, added, config, summary), summary, change)
@@ -407,17 +405,18 @@ def _renumbered(manifest: dict, ids: Renumbering) -> dict:
 def _publish_kept_shards(
     index: Path,
     manifest: dict,
-    doc_ids: pa.Table,
     ids: Renumbering,
     config: IndexConfig,
     summary: IndexSummary,
     change: dict,
     added: Additions | None = None,
+    cluster=None,
 ) -> None:
     """Publish a sharded index without the chunks ``ids`` removes, one shard at a time (:mod:`shard_removal`),
-    and for a retry with ``added`` as new shards after them: nothing loads the whole index. ``doc_ids``: the
-    doc_id column of the chunks that stay."""
+    and for a retry with ``added`` as new shards after them: nothing loads the whole index. With a Ray
+    ``cluster``, a task per shard searches its kNN rows."""
     layout = ids.shards(index_shards(manifest))
+    doc_ids = load_table(index, "chunks", manifest, columns=["doc_id"]).filter(pa.array(ids.chunks >= 0))
     counts = _kept_counts(index, manifest, ids)
     tables, arrays = kept_tables(index, manifest, layout, ids), kept_embeddings(index, manifest, layout, ids)
     shards, new_nodes = [new for _, new in layout], None
@@ -438,7 +437,7 @@ def _publish_kept_shards(
 
     def graph(writer: IndexWriter) -> None:
         with stage(summary, "knn"):
-            write_kept_rows(writer, data_dir(index, manifest), manifest, layout, ids, config, new_nodes)
+            write_kept_rows(writer, data_dir(index, manifest), manifest, layout, ids, config, new_nodes, cluster)
 
     write_index(index, tables, arrays, graph, updated, summary, shards)
 

@@ -93,24 +93,37 @@ def kept_embeddings(index: Path, manifest: dict, layout: list[tuple[Shard, Shard
     return arrays
 
 
-def kept_rows(old_data: str, old_layout: dict, old: Shard, writer: IndexWriter, shard: int, nodes, config, new=None):
-    """New shard ``shard``'s kNN rows (the version ``writer`` writes) from old shard ``old``'s (``nodes``:
-    each old node's new id): the edges of a row that stays, renumbered, and a row that lost one searched
-    again over every new shard (with ``config``'s kNN backend and device). ``new``: the embeddings of the
-    nodes a retry adds after the kept ones, which the other rows are grown against (:func:`knn.merge_new_nodes`)."""
+@dataclass(frozen=True)
+class Versions:
+    """The index's files before a removal (its data folder and shard list) and after (the new version's)."""
+
+    old_data: str
+    old_layout: dict
+    new_data: str
+    new_layout: dict
+
+
+def kept_rows(versions: Versions, old: Shard, shard: int, nodes: np.ndarray, config, new=None):
+    """New shard ``shard``'s kNN rows from old shard ``old``'s (``nodes``: each old node's new id): the
+    edges of a row that stays, renumbered, and a row that lost one searched again over every new shard
+    (with ``config``'s kNN backend and device). ``new``: the embeddings of the nodes a retry adds after
+    the kept ones, which the other rows are grown against (:func:`knn.merge_new_nodes`). One task of a
+    removal on Ray: it reads this shard and, one at a time, the others."""
     lo, hi = old.nodes
     keep = nodes[lo:hi] >= 0
     if not keep.any():
         return csr_of_rows(np.zeros((0, 0), np.int64), np.zeros((0, 0)))
     edges, scores = (
-        np.array(load_shard_array(old_data, old_layout, old, name, verify=False)).reshape(hi - lo, -1)[keep]
+        np.array(load_shard_array(versions.old_data, versions.old_layout, old, name, verify=False)).reshape(
+            hi - lo, -1
+        )[keep]
         for name in ("knn_indices", "knn_scores")
     )
     edges, k = nodes[edges], edges.shape[1]
     lost = (edges < 0).any(axis=1)
     if new is None and not lost.any():  # no row lost an edge: renumbered, the shard's embeddings never read
         return csr_of_rows(edges, scores)
-    data, layout = str(writer.data), writer_layout(writer)
+    data, layout = versions.new_data, versions.new_layout
     own, backend, device = index_shards(layout)[shard], config.graph.knn_backend, config.nodes.device
     rows = read_node_embeddings(data, layout, own)
     if lost.any():
@@ -126,16 +139,36 @@ def kept_rows(old_data: str, old_layout: dict, old: Shard, writer: IndexWriter, 
 
 
 def write_kept_rows(
-    writer: IndexWriter, data: Path, manifest: dict, layout, ids: Renumbering, config, new=None
-) -> None:
-    """Every new shard's kNN rows, one shard at a time: the kept shards' (:func:`kept_rows`), then those of
-    the shards a retry adds after them (``new``: their nodes' embeddings), searched over every shard."""
-    old_layout = {"shards": manifest["shards"]}
+    writer: IndexWriter, data: Path, manifest: dict, layout, ids: Renumbering, config, new=None, cluster=None
+):
+    """Every new shard's kNN rows: the kept shards' (:func:`kept_rows`), then those of the shards a retry
+    adds after them (``new``: their nodes' embeddings), searched over every shard; one shard at a time
+    here, or a Ray task per shard on ``cluster`` (:func:`kept_rows_on`)."""
+    versions = Versions(str(data), {"shards": manifest["shards"]}, str(writer.data), writer_layout(writer))
+    if cluster is not None:
+        kept_rows_on(cluster, writer, versions, [old for old, _ in layout], ids.nodes, config, new)
+        return
     for shard, (old, _) in enumerate(layout):
-        writer.write_shard_graph(shard, *kept_rows(str(data), old_layout, old, writer, shard, ids.nodes, config, new))
+        writer.write_shard_graph(shard, *kept_rows(versions, old, shard, ids.nodes, config, new))
     backend, device, k = config.graph.knn_backend, config.nodes.device, config.graph.knn_k
     for shard in range(len(layout), len(writer.shards or [])):
-        writer.write_shard_graph(shard, *shard_rows(str(writer.data), writer_layout(writer), shard, k, backend, device))
+        writer.write_shard_graph(shard, *shard_rows(versions.new_data, versions.new_layout, shard, k, backend, device))
+
+
+def kept_rows_on(cluster, writer: IndexWriter, versions: Versions, kept: list[Shard], nodes, config, new) -> None:
+    """:func:`write_kept_rows` with a Ray task per shard: each kept shard's rows (``kept``: the old shard
+    each new one keeps; ``nodes``: each old node's new id, put in the object store once, as ``new`` is),
+    then each shard a retry adds, searched over the new version's files; written as they come back."""
+    from .distributed import write_as_done
+
+    cluster.release()
+    ray, backend, device, k = cluster.ray, config.graph.knn_backend, config.nodes.device, config.graph.knn_k
+    keep, search = (ray.remote(**cluster.worker_resources)(f) for f in (kept_rows, shard_rows))
+    ids, added = ray.put(nodes), ray.put(new)
+    pending = {keep.remote(versions, old, i, ids, config, added): i for i, old in enumerate(kept)}
+    for i in range(len(kept), len(writer.shards or [])):
+        pending[search.remote(versions.new_data, versions.new_layout, i, k, backend, device)] = i
+    write_as_done(cluster, writer, pending)
 
 
 def writer_layout(writer: IndexWriter) -> dict:

@@ -68,7 +68,7 @@ def make_backend(index: QCGIndex, config: RetrievalConfig, cluster=None) -> Back
     if cluster is not None and ray_mode(cluster.config.ray_mode, index.manifest) == "shards":
         from .shard_backend import ray_owners
 
-        return ray_owners(cluster, index)  # each owner picks its backend and prefilter where it runs
+        return ray_owners(cluster, index, local_backend)  # each owner picks its backend and prefilter where it runs
     if not index.nodes_loaded:
         raise QCGError(f"{index.path}: its node arrays were not loaded (QCGIndex.load(nodes=False))")
     if cluster is not None:

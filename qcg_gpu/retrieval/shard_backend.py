@@ -3,7 +3,8 @@ result equals one process's bit for bit.
 
 Each :class:`ShardOwner` loads a contiguous range of an index's node shards from their files alone
 (node embeddings, kNN rows, each node's chunk) and searches them with the backend one process would
-run there (``retriever.local_backend``: torch on the worker's GPU where it has one, numpy otherwise).
+run there (``retriever.local_backend``, passed in: torch on the worker's GPU where it has one, numpy
+otherwise).
 One batch of queries then goes in three steps (METHOD.md, retrieval steps 2-5), the driver holding
 only per-query lists:
 
@@ -55,7 +56,9 @@ def owner_groups(shards: list[Shard], owners: int) -> list[list[Shard]]:
 class ShardOwner:
     """A worker's node shards (a contiguous range of them), loaded from their own files and nothing else."""
 
-    def __init__(self, path: str, manifest: dict, shard_names: list[str], verify: bool = True):
+    def __init__(self, path: str, manifest: dict, shard_names: list[str], local_backend, verify: bool = True):
+        """``local_backend(index, config)``: the in-process backend ``config`` names (``retriever.local_backend``,
+        passed in so that this module needs nothing from ``retriever``)."""
         shards = [s for s in index_shards(manifest) if s.name in set(shard_names)]
         if [s.name for s in shards] != list(shard_names) or any(
             a.nodes[1] != b.nodes[0] for a, b in zip(shards, shards[1:])
@@ -85,6 +88,7 @@ class ShardOwner:
             verified=verify,
             data=data,
         )
+        self._local_backend = local_backend
         self._backends: dict = {}  # (backend, device, prefilter) -> the in-process backend over these nodes
 
     def nodes(self) -> tuple[int, int]:
@@ -113,11 +117,9 @@ class ShardOwner:
     def _backend(self, config: RetrievalConfig):
         """The backend ``config`` names over this owner's nodes, chosen here: on a worker with a GPU,
         ``auto`` is torch on it; the prefilter is this CPU's or GPU's fastest (every one is exact)."""
-        from .retriever import local_backend
-
         key = (config.backend, config.device, config.prefilter)
         if key not in self._backends:
-            self._backends[key] = local_backend(self.local, config)
+            self._backends[key] = self._local_backend(self.local, config)
         return self._backends[key]
 
 
@@ -176,10 +178,10 @@ class ShardedBackend:
         return _best_of(self._gather("rank", args), config.top_k)
 
 
-def local_owners(index_path, manifest: dict, owners: int, verify: bool = True) -> ShardedBackend:
+def local_owners(index_path, manifest: dict, owners: int, local_backend, verify: bool = True) -> ShardedBackend:
     """A :class:`ShardedBackend` whose owners live in this process (one machine, tests)."""
     groups = owner_groups(index_shards(manifest), owners)
-    made = [ShardOwner(str(index_path), manifest, [s.name for s in group], verify) for group in groups]
+    made = [ShardOwner(str(index_path), manifest, [s.name for s in g], local_backend, verify) for g in groups]
     return ShardedBackend(made, _bounds(groups), _call_local)
 
 
@@ -204,24 +206,27 @@ class ShardActor:
         with open("/proc/self/status") as fh:
             return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
 
-    def load(self, path: str, manifest: dict, shard_names: list[str], verify: bool) -> tuple[int, int]:
+    def load(self, path: str, manifest: dict, shard_names: list[str], local_backend, verify: bool) -> tuple[int, int]:
         key = (path, manifest.get("data_dir"), tuple(shard_names), verify)
         if key != self.key:
             self.owner, self.key = None, None  # the old shards go before the new ones load
-            self.owner, self.key = ShardOwner(path, manifest, shard_names, verify), key
+            self.owner, self.key = ShardOwner(path, manifest, shard_names, local_backend, verify), key
         return self.owner.nodes()
 
     def call(self, name: str, *args):
         return getattr(self.owner, name)(*args)
 
 
-def ray_owners(cluster, index: QCGIndex) -> ShardedBackend:
+def ray_owners(cluster, index: QCGIndex, local_backend) -> ShardedBackend:
     """A :class:`ShardedBackend` whose owners are actors on ``cluster``'s workers (one per worker, or
     per shard where there are fewer), each loading its shards from the index's files."""
     groups = owner_groups(index.shards, cluster.workers)
     actors = cluster.actors(ShardActor, reuse=True, count=len(groups))
     path = str(index.path)
-    loads = [a.load.remote(path, index.manifest, [s.name for s in g], index.verified) for a, g in zip(actors, groups)]
+    loads = [
+        a.load.remote(path, index.manifest, [s.name for s in g], local_backend, index.verified)
+        for a, g in zip(actors, groups)
+    ]
     _ray_results(cluster, loads)
 
     def call(calls: list) -> list:
