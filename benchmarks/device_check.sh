@@ -67,8 +67,7 @@ fi
 # the cuda parametrisations (CI runs the cpu ones), a file per process: one build of the sharded tests' index
 timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:benchmark -n 4 --dist loadfile --tb=short -rfE \
   tests/test_retrieval.py tests/test_knn.py tests/test_kernels.py tests/test_sharded_index.py \
-  -k "(cuda and not real_embeddings and not interpreter and not auto_prefilter and not sharded_index) \
-  or shard_owners_in_this_process or shard_by_shard_knn" > "$OUT/device_tests.txt" 2>&1
+  -k "cuda and not real_embeddings and not interpreter and not auto_prefilter" > "$OUT/device_tests.txt" 2>&1
 tail -25 "$OUT/device_tests.txt"
 
 timeout 100 python3 benchmarks/device_sharded.py --nodes 1000000 --owners 4 --device cuda 2>&1 | tail -6 \
