@@ -7,7 +7,9 @@ centres, a document a chunk), in shards of --shard-nodes and whole. Then, in a f
    are embedded (``incremental.publish_added``): the sharded index keeps its shards' files and grows
    their kNN rows shard by shard; the whole one is loaded;
 2. remove: the first --removed documents (``qcg index remove``; every id after them moves): the sharded
-   index is rewritten shard by shard, the whole one loaded.
+   index is rewritten shard by shard, the whole one loaded; with --ray-workers W, a third copy of the
+   sharded index is updated with a local Ray cluster of W workers (``qcg index remove --ray``: a task
+   per shard for its kNN rows), its line's ``worker_peak_rss_bytes`` the largest Ray worker's VmHWM.
 
 Printed, one JSON line per (N, update, layout):
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,7 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_sharded import NODES_PER_CHUNK, cpu_name, write_synthetic
+from bench_sharded import NODES_PER_CHUNK, cpu_name, ray_worker_peaks, write_synthetic
 
 BASELINE = (("add", 1600), ("remove", 100))  # the updates of a 4,000-node index that give the baselines
 
@@ -72,13 +75,27 @@ def add(path: Path, n_added: int, seed: int = 7) -> dict:
     return {"seconds": round(time.perf_counter() - start, 2), "peak_rss_bytes": peak_rss()}
 
 
-def remove(path: Path, n_removed: int) -> dict:
-    """Remove the first ``n_removed`` documents of the index at ``path`` in this process: seconds and VmHWM."""
+def remove(path: Path, n_removed: int, workers: int = 0) -> dict:
+    """Remove the first ``n_removed`` documents of the index at ``path`` in this process (with a local Ray
+    cluster of ``workers`` for the kNN rows, if any): seconds and VmHWM, the Ray workers' largest too."""
     from qcg_gpu.indexing.incremental import remove_documents
 
+    cluster = None
+    if workers:
+        import ray
+
+        from qcg_gpu.cluster import RayCluster
+        from qcg_gpu.config import RayConfig
+
+        ray.init(num_cpus=workers, include_dashboard=False, configure_logging=False, log_to_driver=False)
+        cluster = RayCluster(RayConfig(ray=True, ray_workers=workers))
     start = time.perf_counter()
-    remove_documents(path, [f"doc{c}" for c in range(n_removed)])
-    return {"seconds": round(time.perf_counter() - start, 2), "peak_rss_bytes": peak_rss()}
+    remove_documents(path, [f"doc{c}" for c in range(n_removed)], cluster=cluster)
+    row = {"seconds": round(time.perf_counter() - start, 2), "peak_rss_bytes": peak_rss()}
+    if cluster is not None:
+        row |= {"workers": workers, "worker_peak_rss_bytes": max(ray_worker_peaks(), default=None)}
+        cluster.ray.shutdown()
+    return row
 
 
 def peak_rss() -> int:
@@ -86,10 +103,10 @@ def peak_rss() -> int:
         return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
 
 
-def in_child(update: str, path: Path, count: int) -> dict:
-    """``update`` (add or remove) of ``count`` nodes or documents, in a fresh process."""
+def in_child(update: str, path: Path, count: int, workers: int = 0) -> dict:
+    """``update`` (add or remove) of ``count`` nodes or documents, in a fresh process (on Ray with ``workers``)."""
     run = subprocess.run(
-        [sys.executable, __file__, "--child", update, str(path), str(count)],
+        [sys.executable, __file__, "--child", update, str(path), str(count), str(workers)],
         capture_output=True,
         text=True,
         check=False,
@@ -125,11 +142,13 @@ def main() -> None:
     parser.add_argument("--exact-upto", type=int, default=50_000, help="indexes this small get their exact graph")
     parser.add_argument("--root", type=Path, default=None, help="where the indexes are written (default: a temp dir)")
     parser.add_argument("--updates", nargs="+", choices=["add", "remove"], default=["add", "remove"])
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--ray-workers", type=int, default=0, help="also remove with a local Ray cluster of W workers")
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        update, path, count = args.child
-        print(json.dumps((add if update == "add" else remove)(Path(path), int(count))))
+        update, path, count, workers = args.child
+        done = add(Path(path), int(count)) if update == "add" else remove(Path(path), int(count), int(workers))
+        print(json.dumps(done))
         return
 
     with tempfile.TemporaryDirectory(dir=args.root) as tmp:
@@ -141,12 +160,17 @@ def main() -> None:
             paths = {"whole": root / f"whole{n}", "shards": root / f"shards{n}"}
             for layout, path in paths.items():
                 write_synthetic(path, n, args.dim, shard_nodes if layout == "shards" else None, args.k, exact=exact)
+            if args.ray_workers and "remove" in args.updates:
+                paths["shards-ray"] = root / f"ray{n}"
+                shutil.copytree(paths["shards"], paths["shards-ray"])
             counts = {"add": args.added, "remove": args.removed}
             for update, count in ((update, counts[update]) for update in args.updates):
                 for layout, path in paths.items():
+                    if layout == "shards-ray" and update != "remove":
+                        continue
                     row = {"nodes": n, "update": update, "count": count, "layout": layout}
-                    row |= in_child(update, path, count)
-                    if layout == "shards":
+                    row |= in_child(update, path, count, args.ray_workers if layout == "shards-ray" else 0)
+                    if layout.startswith("shards"):
                         got, want = graph_of(path), graph_of(paths["whole"])
                         same = all(np.array_equal(a, b) for a, b in zip(got, want))
                         if exact:
