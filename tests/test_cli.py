@@ -1,11 +1,14 @@
 """The qcg command's structure: subcommands, the older spellings of qcg index, and which errors
 become one-line messages (no model is loaded here)."""
 
+import json
+
 import pytest
 
 from qcg_gpu.capabilities import MissingDependency
 from qcg_gpu.cli import build_parser, check, index, main
 from qcg_gpu.errors import QCGError
+from qcg_gpu.models import QWEN_CODER_1_5B, SMOLLM2
 
 
 @pytest.mark.parametrize(
@@ -269,6 +272,57 @@ def test_a_stored_generation_overrides_the_config_file(tmp_path):
     assert config.generation.cache == "my.sqlite"  # how to run is not recorded: the file's stays
     config = build_config(parse_arguments([*build, "--m", "4"]))
     assert (config.generation.m, config.generation.prompt) == (4, "quoted")
+
+
+@pytest.mark.parametrize(
+    "model,measured",
+    [
+        ([], SMOLLM2.generation),  # the bundled default
+        (["--model", "qwen2.5-coder-1.5b"], QWEN_CODER_1_5B.generation),
+        (["--model", "/models/my-llm"], {}),  # a model of the user's: MODEL_DECIDED's
+    ],
+)
+def test_a_packaged_llm_s_own_settings_fill_only_what_no_setting_names(tmp_path, model, measured):
+    """defaults < the model's measured settings < config file < stored generation < options given (issue 37 §7)."""
+    from qcg_gpu.cli import parse_arguments
+    from qcg_gpu.cli.index import build_config
+    from qcg_gpu.config import MODEL_DECIDED, IndexConfig
+    from qcg_gpu.llm.cache import GenerationCache
+
+    def settled(*argv):
+        generation = build_config(parse_arguments(["index", "build", "docs", "out", *model, *argv])).generation
+        return {key: getattr(generation.settle(), key) for key in MODEL_DECIDED}
+
+    assert settled() == {**MODEL_DECIDED, **measured}
+    path = tmp_path / "qcg.toml"
+    path.write_text("[generation]\ncompact_json = false\nmax_pair_tokens = 7\n")
+    assert settled("--config", str(path)) == {**MODEL_DECIDED, **measured, "compact_json": False, "max_pair_tokens": 7}
+    assert settled("--no-compact-json", "--repetition-penalty", "1.3")["repetition_penalty"] == 1.3
+    assert settled("--no-compact-json")["compact_json"] is False and settled("--compact-json")["compact_json"]
+    made_with = IndexConfig()  # a generation recorded before compact_json and max_pair_tokens existed
+    recorded = {name: values for name, values in made_with.reply_settings().items()}
+    for key in ("compact_json", "max_pair_tokens", "model"):
+        recorded["generation"].pop(key)
+    replies = tmp_path / "replies.parquet"
+    cache = GenerationCache(tmp_path / "cache.sqlite")
+    cache.export_parquet([], replies, recorded)
+    cache.close()
+    assert settled("--replies-in", str(replies))["compact_json"] is False  # how its replies were made
+
+
+def test_the_bundled_llm_s_settings_reach_the_engine_the_key_and_the_manifest(small_index):
+    """A default build (the small_index fixture: IndexConfig() and the vllm_backend fixture's GenerationConfig())
+    runs SmolLM2's measured settings: compact JSON replies from the real engine, capped at its tokens a pair."""
+    import sqlite3
+
+    from qcg_gpu.index_format import read_manifest
+
+    generation = read_manifest(small_index)["settings"]["generation"]
+    assert (generation["compact_json"], generation["max_pair_tokens"]) == (True, SMOLLM2.generation["max_pair_tokens"])
+    with sqlite3.connect(small_index.parent / "cache.sqlite") as db:
+        replies = [json.loads(value) for (value,) in db.execute("SELECT value FROM replies")]
+    assert replies and all(r["text"].startswith('{"pairs":[{"') and "\n" not in r["text"] for r in replies)
+    assert all(r["output_tokens"] <= 4 * 100 + 32 for r in replies)  # M = 4
 
 
 def test_a_toml_config_file_reads_on_python_3_10(tmp_path, monkeypatch):

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from qcg_gpu.config import GenerationConfig, result_fields
+from qcg_gpu.config import GenerationConfig, IndexConfig, result_fields
 from qcg_gpu.errors import QCGError
 from qcg_gpu.indexing.doc2query import build_conversation, cache_key, pairs_schema, parse_pairs, sampling_spec
 
@@ -89,7 +89,8 @@ def test_cache_key_depends_on_everything_that_decides_the_reply():
     assert key == cache_key("text", "model", GenerationConfig(batch_chunks=3, concurrency=2))
     assert key != cache_key("text", "model", GenerationConfig(prompt="self-contained"))
     assert key != cache_key("text", "model", GenerationConfig(prompt="quoted"))
-    assert key != cache_key("text", "model", GenerationConfig(compact_json=True))
+    assert key != cache_key("text", "model", GenerationConfig(compact_json=False))  # the default model's is on
+    assert key != cache_key("text", "model", GenerationConfig(max_pair_tokens=0))
 
 
 def _another_value(f, value, tmp_path=None):
@@ -108,7 +109,7 @@ def _another_value(f, value, tmp_path=None):
 
 def test_cache_key_follows_what_the_config_marks_as_changing_results(tmp_path):
     """Every generation field marked as changing results changes the key; every runtime field leaves it."""
-    base, results = GenerationConfig(), set(result_fields(GenerationConfig))
+    base, results = GenerationConfig().settle(), set(result_fields(GenerationConfig))
     key = cache_key("text", "model", base)
     for f in dataclasses.fields(base):
         if f.name == "model":  # enters the key by the name the backend reports (cache_key's model_name)
@@ -120,10 +121,16 @@ def test_cache_key_follows_what_the_config_marks_as_changing_results(tmp_path):
 
 
 def test_keys_of_earlier_generations_still_match():
-    """The default settings' key is the one stored generations (benchmarks/lihuaworld) were made under:
-    options added since (prompt, compact_json) must leave it as it was."""
-    assert cache_key("text", "SmolLM2-135M-Instruct (bundled)", GenerationConfig()) == (
+    """Stored generations (benchmarks/lihuaworld) were made under the defaults of their day; adopting the
+    settings they recorded, which lack the options added since (compact_json, max_pair_tokens), must give
+    the key they were made under, though the bundled model's own settings now differ."""
+    recorded = {"generation": {"m": 20, "repetition_penalty": 1.1}}  # a record from before those options
+    adopted = GenerationConfig(**IndexConfig.stored_values(recorded)["generation"])
+    assert cache_key("text", "SmolLM2-135M-Instruct (bundled)", adopted) == (
         "b456b8863df018ebc69c0933bb452fa18c193749cbe9aec6725c5fdc66a3e0e0"
+    )
+    assert cache_key("text", "SmolLM2-135M-Instruct (bundled)", GenerationConfig()) != cache_key(
+        "text", "SmolLM2-135M-Instruct (bundled)", adopted
     )
 
 

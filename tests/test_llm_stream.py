@@ -93,9 +93,12 @@ def test_compact_json_replies_carry_no_optional_whitespace(tmp_path):
 
 
 def test_an_engine_refuses_requests_for_the_other_json_layout(vllm_backend):
-    """A reply cached under compact_json=True must be compact: an engine loaded without it refuses such requests."""
-    with pytest.raises(QCGError, match="loaded with compact_json=False"):
-        vllm_backend.sampling_params(doc2query.sampling_spec(GenerationConfig(m=2, compact_json=True)), [])
+    """A reply cached under compact_json=False may be indented: an engine loaded compact (the bundled model's
+    setting) refuses such requests, which would be answered compactly."""
+    with pytest.raises(QCGError, match="loaded with compact_json=True"):
+        vllm_backend.sampling_params(doc2query.sampling_spec(GenerationConfig(m=2, compact_json=False)), [])
+    answering = SamplingSpec(temperature=0.0, top_p=1.0, max_tokens=8, seed=0)  # no JSON schema
+    assert len(vllm_backend.sampling_params(answering, [[{"role": "user", "content": "Hi"}]])) == 1
 
 
 def test_a_request_the_engine_refuses_fails_alone(vllm_backend):

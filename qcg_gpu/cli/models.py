@@ -32,4 +32,15 @@ def run(args) -> int:
     for model in PACKAGED_MODELS:
         state = "installed" if model.installed() else f"not installed ({model.install_hint()})"
         print(f"{model.aliases[0]:<22} {state}\n{'':<22} {model.about}")
+        if model.generation:  # what fills the [generation] fields no setting names (qcg index build --help)
+            print(f"{'':<22} its own Doc2Query defaults: {as_flags(model.generation)}")
     return 0
+
+
+def as_flags(settings: dict) -> str:
+    """{"compact_json": True, "max_pair_tokens": 100} as "--compact-json --max-pair-tokens 100"."""
+    flags = []
+    for key, value in settings.items():
+        flag = key.replace("_", "-")
+        flags.append((f"--{flag}" if value else f"--no-{flag}") if isinstance(value, bool) else f"--{flag} {value}")
+    return " ".join(flags)

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import QCGError
+from ..models import packaged_llm
 from .utils import check_choices, option, prompt_text
 
 
@@ -48,10 +49,10 @@ class Doc2QueryConfig:
     )
     temperature: float = option(0.3, "Sampling temperature of the Doc2Query LLM.")
     top_p: float = option(0.95, "Nucleus sampling of the Doc2Query LLM.")
-    repetition_penalty: float = option(
-        1.1,
+    repetition_penalty: float | None = option(
+        None,
         "Penalty on repeated tokens; without it small models repeat one pair M times. Use 1.0 for APIs that reject "
-        "the field (OpenAI's).",
+        "the field (OpenAI's). Default: the model's (qcg models list), else 1.1.",
     )
     seed: int = option(
         0,
@@ -61,15 +62,19 @@ class Doc2QueryConfig:
     )
     max_question_chars: int = option(200, "Longest question the JSON schema allows (bounds output tokens).")
     max_answer_chars: int = option(150, "Longest answer the JSON schema allows.")
-    max_tokens: int | None = option(
-        None, "Output token cap per chunk (default: enough for M pairs at the length caps)."
+    max_tokens: int | None = option(None, "Output token cap per chunk (default: M x --max-pair-tokens + 32).")
+    max_pair_tokens: int | None = option(
+        None,
+        "Output tokens a reply may spend per pair, unless --max-tokens is given; 0: enough for the length caps at "
+        "~3 characters a token. Default: the model's (qcg models list), else 0.",
     )
     structured_output: bool = option(
         True, "Constrain the LLM to the pairs JSON schema (turn off for servers that lack it)."
     )
-    compact_json: bool = option(
-        False,
-        "vLLM: hold the JSON reply to no optional whitespace (Qwen models indent it: ~1/3 of their output tokens).",
+    compact_json: bool | None = option(
+        None,
+        "vLLM: hold the JSON reply to no optional whitespace (Qwen models indent it: ~1/3 of their output tokens). "
+        "Default: the model's (qcg models list), else off.",
     )
     batch_chunks: int = option(
         2048,
@@ -81,6 +86,8 @@ class Doc2QueryConfig:
     def validate(self):
         if self.m < 1:
             raise QCGError(f"m must be >= 1, got {self.m}")
+        if self.max_pair_tokens is not None and self.max_pair_tokens < 0:
+            raise QCGError(f"max_pair_tokens must be >= 0, got {self.max_pair_tokens}")
         if self.batch_chunks < 1:
             raise QCGError(f"batch_chunks must be >= 1, got {self.batch_chunks}")
         if self.prompt_file:
@@ -245,7 +252,19 @@ class GenerationConfig(ReplyStoreConfig, OpenAIClientConfig, VLLMEngineConfig, D
     """The [generation] table and the Doc2Query stage's settings: the fields of its bases, the concerns, in
     one flat table (a dataclass takes its bases' fields from the last base to the first, hence the order)."""
 
+    def settle(self) -> GenerationConfig:
+        """Fill the fields left to the model (None) with the in-process model's measured settings (a packaged
+        model's ``generation``, models.py), else :data:`MODEL_DECIDED`'s. Idempotent; :meth:`validate` and the
+        readers of these fields call it, so what is recorded and what runs are the settled values."""
+        packaged = packaged_llm(self.model) if self.backend == "vllm" else None
+        measured = {**MODEL_DECIDED, **(packaged.generation if packaged else {})}
+        for key, value in measured.items():
+            if getattr(self, key) is None:
+                setattr(self, key, value)
+        return self
+
     def validate(self) -> GenerationConfig:
+        self.settle()
         check_choices(self)
         for concern in GENERATION_CONCERNS:
             own_checks = vars(concern).get("validate")  # LLMConfig has none: its checks involve other concerns
@@ -262,6 +281,8 @@ class GenerationConfig(ReplyStoreConfig, OpenAIClientConfig, VLLMEngineConfig, D
         return self
 
 
+# The fields a model decides when no setting names them, and their values for a model with no measured settings.
+MODEL_DECIDED = {"compact_json": False, "repetition_penalty": 1.1, "max_pair_tokens": 0}
 GENERATION_CONCERNS = GenerationConfig.__bases__[::-1]  # LLMConfig, Doc2QueryConfig, ..., ReplyStoreConfig
 
 

@@ -12,7 +12,10 @@ from .utils import check_choices, option, result_fields
 NODE_MODES = ("qa", "q", "a", "sentence")
 
 # How an index recorded before an option existed was built, where that differs from the option's default.
-BEFORE_OPTION = {"nodes": {"long_texts": "truncate"}}
+BEFORE_OPTION: dict[str, dict[str, object]] = {
+    "nodes": {"long_texts": "truncate"},
+    "generation": {"compact_json": False, "max_pair_tokens": 0},
+}
 # The sections whose settings decide the LLM replies (the chunk texts, the prompt, the sampling).
 REPLY_SECTIONS = ("chunking", "generation")
 # Files of the machine that ran a build: a manifest records their names only, and they are never read back.

@@ -89,8 +89,10 @@ def pairs_schema(config: GenerationConfig) -> dict:
 
 
 def sampling_spec(config: GenerationConfig) -> SamplingSpec:
+    config.settle()
+    assert config.repetition_penalty is not None and config.compact_json is not None  # settle() filled them
     # ~4 characters per token, plus JSON punctuation per pair; generous so a full reply is never cut.
-    per_pair = (config.max_question_chars + config.max_answer_chars) // 3 + 16
+    per_pair = config.max_pair_tokens or (config.max_question_chars + config.max_answer_chars) // 3 + 16
     return SamplingSpec(
         temperature=config.temperature,
         top_p=config.top_p,

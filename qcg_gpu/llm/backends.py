@@ -168,7 +168,7 @@ class VLLMBackend(LLMBackend):
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
-        if sampling.compact_json != self.compact_json:
+        if sampling.json_schema and sampling.compact_json != self.compact_json:  # the rule is for JSON replies
             raise QCGError(
                 f"this vLLM engine was loaded with compact_json={self.compact_json}; the request asks for "
                 f"{sampling.compact_json} (load the backend with the same setting)"
@@ -302,6 +302,7 @@ def engine_settings(config: GenerationConfig, path: str, on_gpu: bool | None = N
     """``vllm.LLM``'s keyword arguments for ``config`` and the model at ``path``, for an engine on a GPU
     (``on_gpu``; default: whether this process sees one)."""
     on_gpu = with_cuda() if on_gpu is None else on_gpu
+    config.settle()
     kwargs: dict = dict(
         model=path,
         seed=config.seed,
