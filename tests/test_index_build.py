@@ -45,7 +45,7 @@ M = 2  # pairs asked per chunk: the tests' replies stay short, since every gener
 def _config(tmp_path, **node_options) -> IndexConfig:
     config = IndexConfig()
     config.generation.m = M
-    # short strings (defaults 200 and 150 characters): a reply's token cap falls from 296 to 204
+    # short strings (defaults 200 and 150 characters) keep replies short; SmolLM2's cap: 100 tokens a pair
     config.generation.max_question_chars, config.generation.max_answer_chars = 120, 90
     config.generation.cache = str(tmp_path / "cache.sqlite")
     config.nodes.alpha = 0.5

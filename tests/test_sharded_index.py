@@ -326,6 +326,35 @@ def test_an_add_and_a_remove_on_ray_give_the_same_shards(tmp_path, embedder, clu
     assert_same_index(tmp_path / "here", tmp_path / "ray")
 
 
+def test_a_retry_on_ray_equals_the_retry_in_this_process(tmp_path, vllm_backend, embedder, cluster, monkeypatch):
+    """qcg index retry --ray on a sharded pair-node index (a chunk's LLM request failed): its kNN rows are a
+    Ray task per shard, and the repaired index equals the one the same retry gives in this process."""
+    from qcg_gpu.indexing import shard_removal
+    from qcg_gpu.indexing.incremental import _Stored, retry_failed
+    from qcg_gpu.llm.backends import Completion
+
+    from .test_index_build import Recording, _config
+
+    def fault(i, completion):
+        return Completion(error="RuntimeError: engine died") if i == 1 else completion
+
+    config = _config(tmp_path)
+    config.graph.shard_nodes, config.graph.knn_k = 1, 1  # a shard per chunk; k = 1 keeps the few nodes' degree
+    docs = sample_docs(tmp_path / "docs", 4)
+    build_index(docs, tmp_path / "here", config, llm=Recording(vllm_backend, fault), embedder=embedder)
+    shutil.copytree(tmp_path / "here", tmp_path / "ray")
+    monkeypatch.setattr(_Stored, "load", lambda index: pytest.fail("a sharded retry loaded the index whole"))
+    original, on_ray = shard_removal.kept_rows_on, []
+    monkeypatch.setattr(shard_removal, "kept_rows_on", lambda *args: on_ray.append(original(*args)))
+    retry_failed(tmp_path / "here", config, llm=vllm_backend, embedder=embedder)
+    assert not on_ray
+    llm = Recording(vllm_backend)
+    retry_failed(tmp_path / "ray", config, llm=llm, embedder=embedder, cluster=cluster)
+    assert len(on_ray) == 1 and llm.asked == []  # the failed chunk's reply is cached by the first retry
+    assert read_manifest(tmp_path / "ray")["counts"]["chunks_failed"] == 0
+    assert_same_index(tmp_path / "here", tmp_path / "ray")
+
+
 def test_an_approximate_graph_built_on_ray_equals_one_process(whole_and_sharded, tmp_path, cluster):
     """--knn approximate --ray on an index of node shards: the IVF graph from a task per shard equals the
     one-process build's, and it is not the exact graph (one list probed a node)."""
