@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ..capabilities import require, with_cuda
 from ..config import GenerationConfig
 from ..errors import QCGError
-from ..log import progress_bar
+from ..log import progress_bar, show_progress
 from ..models import DEFAULT_LLM, llm_identity, resolve_model
 from . import vllm_compat
 
@@ -312,6 +312,7 @@ def engine_settings(config: GenerationConfig, path: str, on_gpu: bool | None = N
         pipeline_parallel_size=config.pipeline_parallel_size,
         enable_prefix_caching=config.prefix_caching,
         enforce_eager=(not on_gpu) if config.enforce_eager is None else config.enforce_eager,
+        use_tqdm_on_load=show_progress(),  # its weights' progress bar, not under --quiet
     )
     optional = ("quantization", "max_model_len", "max_num_seqs", "max_num_batched_tokens")
     kwargs.update({name: getattr(config, name) for name in optional if getattr(config, name)})

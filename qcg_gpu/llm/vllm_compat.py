@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import sys
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -41,6 +43,9 @@ def import_vllm():
         os.environ["VLLM_LOGGING_LEVEL"] = "INFO"
     else:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    # vLLM sets its loggers' level from that variable only once its logger module runs, after modules
+    # that log at import (vllm.triton_utils: "Triton is installed, but doesn't include CPU backend")
+    logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
     if "vllm" not in sys.modules:
         for name in ("torchvision", "torchaudio", "torchcodec"):
             try:
@@ -66,19 +71,22 @@ def llvmlite_hidden():
     """
     ffi = sys.modules.get("llvmlite.binding.ffi")
     hidden = []
-    if ffi is not None:
-        for module in list(sys.modules.values()):
-            namespace = getattr(module, "__dict__", None)
-            if isinstance(namespace, dict):
-                for name, value in list(namespace.items()):
-                    if isinstance(value, ffi._lib_wrapper):
-                        hidden.append((namespace, name, value))
-                        del namespace[name]
-    try:
-        yield
-    finally:
-        for namespace, name, value in hidden:
-            namespace[name] = value
+    # Both scans touch torch.distributed.reduce_op, whose FutureWarning is no news to a user.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        if ffi is not None:
+            for module in list(sys.modules.values()):
+                namespace = getattr(module, "__dict__", None)
+                if isinstance(namespace, dict):
+                    for name, value in list(namespace.items()):
+                        if isinstance(value, ffi._lib_wrapper):
+                            hidden.append((namespace, name, value))
+                            del namespace[name]
+        try:
+            yield
+        finally:
+            for namespace, name, value in hidden:
+                namespace[name] = value
 
 
 def compile_grammars_in_step(llm) -> str | None:
