@@ -24,6 +24,8 @@ one. ``worker_peak_rss_bytes`` is the largest VmHWM among the Ray worker process
 beside ``baseline_worker_rss_bytes`` (the same build of a 2,000-node index) and ``shard_bytes`` (the
 largest shard's embeddings), to read the peak in shards (RESULTS.md: two shards and buffers that do not
 grow with them). (Exact kNN at 2M nodes is hours on 2 cores: O(N^2).) --nodes 0 runs this part alone.
+With --knn-shard-nodes >= --knn-nodes the index is one shard, and the Ray rows are what a build stored
+whole runs: tasks over blocks of rows, every node in the object store (``distributed.knn_graph_of_parts``).
 
     python benchmarks/bench_sharded.py --nodes 2000000 --workers 1 2 4
 """
@@ -235,24 +237,31 @@ def sharded_knn(path: Path, emb: np.ndarray, shard_nodes: int, workers: int, k: 
     from qcg_gpu.cluster import RayCluster
     from qcg_gpu.config import RayConfig
     from qcg_gpu.index_format import IndexWriter, plan_shards
-    from qcg_gpu.indexing.distributed import knn_of_shards
+    from qcg_gpu.indexing.distributed import knn_graph_of_parts, knn_of_shards
 
     node_chunk = np.arange(len(emb)) // NODES_PER_CHUNK
     writer = IndexWriter(path, plan_shards(node_chunk, int(node_chunk[-1]) + 1, shard_nodes))
     writer.write_array("node_embeddings", emb)
+    whole = writer.shards is None  # an index stored whole: Ray tasks over blocks of rows, all nodes shared
     ray.init(num_cpus=workers, include_dashboard=False, configure_logging=False, log_to_driver=False)
     try:
         cluster = RayCluster(RayConfig(ray=True, ray_workers=workers))
         start = time.perf_counter()
-        knn_of_shards(cluster, writer, k, "auto", None, probes)
+        if whole:
+            graph = knn_graph_of_parts(cluster, [ray.put(emb)], len(emb), k, "auto", None, probes)
+        else:
+            knn_of_shards(cluster, writer, k, "auto", None, probes)
         seconds = time.perf_counter() - start
         peak = max(ray_worker_peaks())
     finally:
         ray.shutdown()
-    got = np.concatenate([np.load(writer.data / s.file("knn_indices.npy")) for s in writer.shards])
-    scores = np.concatenate([np.load(writer.data / s.file("knn_scores.npy")) for s in writer.shards])
+    if whole:
+        got, scores = graph.indices, graph.scores
+    else:
+        got = np.concatenate([np.load(writer.data / s.file("knn_indices.npy")) for s in writer.shards])
+        scores = np.concatenate([np.load(writer.data / s.file("knn_scores.npy")) for s in writer.shards])
     writer.abort()
-    return seconds, got, scores, peak, len(writer.shards)
+    return seconds, got, scores, peak, 1 if whole else len(writer.shards)
 
 
 def knn_rows(root: Path, n: int, dim: int, shard_nodes: int, workers_list: list[int], k: int, probes) -> None:

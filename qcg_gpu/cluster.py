@@ -8,7 +8,7 @@ import importlib.util
 import logging
 import os
 
-from .capabilities import reproducible_mkl, require
+from .capabilities import numba_threads_to_share, reproducible_mkl, require
 from .config import RayConfig
 from .errors import QCGError
 from .log import progress_bar
@@ -61,6 +61,17 @@ class RayCluster:
         if self.config.ray_llm == "data":
             require("ray.data.llm")  # a one-line install hint where it is missing
         return self.config.ray_llm == "data"
+
+    def task(self, fn, **options):
+        """``fn`` as a Ray task with a worker's share of the cluster (``options``: Ray's, e.g. num_returns),
+        its numba kernels on that share's cores (:func:`numba_threads_to_share`)."""
+
+        def in_share(*args, **kwargs):
+            numba_threads_to_share()
+            return fn(*args, **kwargs)
+
+        in_share.__name__ = in_share.__qualname__ = fn.__name__  # what Ray's dashboard and errors show
+        return self.ray.remote(**self.worker_resources, **options)(in_share)
 
     def actors(self, cls, *args, reuse: bool = False, count: int | None = None) -> list:
         """One actor of ``cls`` per worker (or ``count`` of them), each with its share of the cluster;

@@ -139,7 +139,7 @@ def test_ivf_lists_and_their_training_sample_stay_bounded_at_a_billion_nodes():
 def test_the_approximate_graph_is_the_ivf_definition(backend, device, k, probes):
     """Lists by exact nearest centroid, members of the probed lists ranked exactly, ties by lower id
     (60 copies of one node), and rows whose lists hold fewer than k others (k = 60) ranked over all."""
-    from qcg_gpu.indexing.ivf import ivf_graph, list_count, train_centroids, training_rows
+    from qcg_gpu.indexing.ivf import graph_lists, graph_rows, ivf_graph, list_count, train_centroids, training_rows
 
     emb = unit_rows(np.random.default_rng(3), 400, 16)
     emb[200:260] = emb[200]
@@ -150,3 +150,8 @@ def test_the_approximate_graph_is_the_ivf_definition(backend, device, k, probes)
         "ij,ij->i", emb[np.repeat(np.arange(400), k)].astype(np.float64), emb[ids.ravel()].astype(np.float64)
     )
     np.testing.assert_array_equal(scores.ravel(), want.astype(np.float32))
+    # row blocks (a Ray task each in distributed.knn_graph_of_parts), one cut inside the 60 copies
+    lists = graph_lists(emb, probes, backend, device, centroids)
+    blocks = [graph_rows(emb, a, b, k, lists, backend, device) for a, b in ((0, 7), (7, 230), (230, 400))]
+    assert np.array_equal(np.concatenate([b[0] for b in blocks]), ids)
+    assert np.array_equal(np.concatenate([b[1] for b in blocks]), scores)

@@ -192,6 +192,18 @@ def cluster():
     ray.shutdown()
 
 
+def test_a_task_s_numba_kernels_run_on_its_share_of_the_cores(cluster):
+    """Numba starts a thread per core of the machine; in a Ray task it keeps to the task's cores, so W
+    tasks on one machine do not run W x cores threads (the IVF kernels' time doubled so at W = 2)."""
+    import numba
+
+    def threads():
+        return numba.get_num_threads()
+
+    share = min(cluster.worker_resources.get("num_cpus", 1), numba.config.NUMBA_NUM_THREADS)
+    assert cluster.gather([cluster.task(threads).remote() for _ in range(cluster.workers)]) == [share] * cluster.workers
+
+
 RESULT_FIELDS = ("chunk_ids", "scores", "seed_ids", "seed_sims", "n_selected")
 
 
@@ -355,12 +367,14 @@ def test_a_retry_on_ray_equals_the_retry_in_this_process(tmp_path, vllm_backend,
     assert_same_index(tmp_path / "here", tmp_path / "ray")
 
 
-def test_an_approximate_graph_built_on_ray_equals_one_process(whole_and_sharded, tmp_path, cluster):
-    """--knn approximate --ray on an index of node shards: the IVF graph from a task per shard equals the
-    one-process build's, and it is not the exact graph (one list probed a node)."""
+@pytest.mark.parametrize("shard_nodes", [SHARD_NODES, None], ids=["shards", "whole"])
+def test_an_approximate_graph_built_on_ray_equals_one_process(whole_and_sharded, tmp_path, cluster, shard_nodes):
+    """--knn approximate --ray: the IVF graph from a task per node shard (or, of an index stored whole, per
+    block of rows, once a task has found every node's lists) equals the one-process build's, and it is not
+    the exact graph (one list probed a node)."""
     _, sharded = whole_and_sharded
     docs = sharded.parent / "docs"
-    config = sentence_config(SHARD_NODES)
+    config = sentence_config(shard_nodes)
     config.graph.knn, config.graph.knn_probes = "approximate", 1
     build_index(docs, tmp_path / "one", config)
     build_index(docs, tmp_path / "ray", config, cluster=cluster)

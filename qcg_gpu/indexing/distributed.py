@@ -55,7 +55,7 @@ from ..llm.backends import (
 from ..log import engine_log_level, progress_bar, quiet
 from ..models import DEFAULT_EMBEDDER, DEFAULT_LLM, resolve_model
 from . import ivf
-from .knn import KnnGraph, exact_rows, grown_shard_rows, knn_graph, shard_rows
+from .knn import KnnGraph, exact_rows, grown_shard_rows, shard_rows
 from .ranking import degree
 
 EMBED_BLOCK_BATCHES = 8  # embedder batches per block sent to one worker
@@ -71,20 +71,22 @@ def knn_graph_of_parts(
 ) -> KnnGraph:
     """:func:`knn.knn_graph` of ``n`` rows given as ``parts`` (object refs of float32 row blocks,
     in order, made by the workers), its row blocks searched and ranked by Ray tasks (an approximate
-    graph, ``probes``: by one task). A task joins the parts in the object store: this process never
-    holds them."""
+    graph, ``probes``: after one task has found every node's lists). A task joins the parts in the
+    object store: this process never holds them."""
     k_eff = degree(k, n)
     if k_eff == 0:
         return KnnGraph.from_rows(np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32))
     cluster.release()
     ray = cluster.ray
     shared = ray.remote(_concatenate).remote(*parts)
-    if probes is not None:  # its lists span every row; a sharded index splits it (knn_of_shards)
-        graph_task = ray.remote(**cluster.worker_resources)(knn_graph)
-        return cluster.gather([graph_task.remote(shared, k, backend, device, probes)], "kNN")[0]
-    blocks = [b for b in np.array_split(np.arange(n), cluster.workers * 4) if len(b)]
-    task = ray.remote(**cluster.worker_resources)(_knn_rows)
-    futures = [task.remote(shared, int(b[0]), int(b[-1]) + 1, k_eff, backend, device) for b in blocks]
+    bounds = [(int(b[0]), int(b[-1]) + 1) for b in np.array_split(np.arange(n), cluster.workers * 4) if len(b)]
+    if probes is None:
+        task = cluster.task(_knn_rows)
+        futures = [task.remote(shared, start, stop, k_eff, backend, device) for start, stop in bounds]
+    else:
+        lists = cluster.task(ivf.graph_lists).remote(shared, probes, backend, device)
+        task = cluster.task(ivf.graph_rows)
+        futures = [task.remote(shared, start, stop, k_eff, lists, backend, device) for start, stop in bounds]
     rows = cluster.gather(futures, "kNN blocks")
     return KnnGraph.from_rows(np.concatenate([ids for ids, _ in rows]), np.concatenate([s for _, s in rows]))
 
@@ -99,17 +101,17 @@ def knn_of_shards(cluster: RayCluster, writer: IndexWriter, k: int, backend: str
     system on several nodes."""
     assert writer.shards is not None
     cluster.release()
-    ray, data, shards = cluster.ray, str(writer.data), range(len(writer.shards))
+    data, shards = str(writer.data), range(len(writer.shards))
     layout = {"shards": [s.to_dict() for s in writer.shards]}
     if probes is None:
-        task = ray.remote(**cluster.worker_resources)(shard_rows)
+        task = cluster.task(shard_rows)
         pending = {task.remote(data, layout, i, k, backend, device): i for i in shards}
     else:
-        centroids = ray.remote(**cluster.worker_resources)(ivf.centroids_of_shards).remote(data, layout)
-        lists_task = ray.remote(num_returns=2, **cluster.worker_resources)(ivf.shard_lists)
+        centroids = cluster.task(ivf.centroids_of_shards).remote(data, layout)
+        lists_task = cluster.task(ivf.shard_lists, num_returns=2)
         lists = [lists_task.remote(data, layout, i, centroids, probes, backend, device) for i in shards]
         own_lists = [own for _, own in lists]  # in a list: each task fetches them one shard at a time
-        task = ray.remote(**cluster.worker_resources)(_ivf_shard_rows)
+        task = cluster.task(_ivf_shard_rows)
         pending = {task.remote(data, layout, i, k, lists[i][0], own_lists, backend, device): i for i in shards}
     write_as_done(cluster, writer, pending)
 
@@ -123,7 +125,7 @@ def grow_shards_on(cluster: RayCluster, writer: IndexWriter, data, manifest: dic
     ray, n_old = cluster.ray, len(manifest["shards"])
     backend, device, k = config.graph.knn_backend, config.nodes.device, config.graph.knn_k
     old, layout = {"shards": manifest["shards"]}, {"shards": [s.to_dict() for s in writer.shards]}
-    grow, search = (ray.remote(**cluster.worker_resources)(f) for f in (grown_shard_rows, shard_rows))
+    grow, search = (cluster.task(f) for f in (grown_shard_rows, shard_rows))
     added = ray.put(np.asarray(new, np.float32))
     pending = {grow.remote(str(data), old, i, added, backend, device): i for i in range(n_old)}
     for i in range(n_old, len(writer.shards)):

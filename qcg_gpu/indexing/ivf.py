@@ -104,16 +104,27 @@ def short_rows(best) -> np.ndarray:
 def ivf_graph(emb: np.ndarray, k: int, probes: int, backend="auto", device=None, centroids=None):
     """The approximate graph of ``emb`` (unit rows, float32) in one process: (ids, scores), k a row;
     ``centroids`` default to :func:`train_centroids` on :func:`training_rows`."""
-    n, backend = len(emb), list_search(backend)
+    return graph_rows(emb, 0, len(emb), k, graph_lists(emb, probes, backend, device, centroids), backend, device)
+
+
+def graph_lists(emb: np.ndarray, probes: int, backend="auto", device=None, centroids=None) -> np.ndarray:
+    """Each node's ``probes`` nearest lists (the first, its own), centroids trained as :func:`ivf_graph` says."""
     if centroids is None:
-        centroids = train_centroids(emb[training_rows(n)], list_count(n))
-    lists = nearest_lists(emb, centroids, probes, backend, device)
-    node_ids = np.arange(n)
-    best = empty_rows(n, k)
-    probed_rows(emb, node_ids, lists, emb, node_ids, lists[:, 0], best)
+        centroids = train_centroids(emb[training_rows(len(emb))], list_count(len(emb)))
+    return nearest_lists(emb, centroids, probes, list_search(backend), device)
+
+
+def graph_rows(emb: np.ndarray, start: int, stop: int, k: int, lists: np.ndarray, backend="auto", device=None):
+    """Rows ``start:stop`` of :func:`ivf_graph` (each row depends only on its node, the lists and every
+    node, so row blocks can be separate Ray tasks): (ids, scores)."""
+    node_ids, row_ids = np.arange(len(emb)), np.arange(start, stop)
+    best = empty_rows(stop - start, k)
+    probed_rows(emb[start:stop], row_ids, lists[start:stop], emb, node_ids, lists[:, 0], best)
     short = short_rows(best)
     if len(short):
-        best[0][short], best[1][short] = best_in(emb[short], short, emb, node_ids, k, backend, device)
+        best[0][short], best[1][short] = best_in(
+            emb[start + short], start + short, emb, node_ids, k, list_search(backend), device
+        )
     return best[0], best[1].astype(np.float32)
 
 

@@ -163,7 +163,7 @@ def kept_rows_on(cluster, writer: IndexWriter, versions: Versions, kept: list[Sh
 
     cluster.release()
     ray, backend, device, k = cluster.ray, config.graph.knn_backend, config.nodes.device, config.graph.knn_k
-    keep, search = (ray.remote(**cluster.worker_resources)(f) for f in (kept_rows, shard_rows))
+    keep, search = (cluster.task(f) for f in (kept_rows, shard_rows))
     ids, added = ray.put(nodes), ray.put(new)
     pending = {keep.remote(versions, old, i, ids, config, added): i for i, old in enumerate(kept)}
     for i in range(len(kept), len(writer.shards or [])):
