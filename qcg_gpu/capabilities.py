@@ -56,8 +56,8 @@ class MissingDependency(QCGError, ImportError):
 
 
 def numba_threads_to_share() -> None:
-    """Numba's threads to the cores Ray gave this task or actor (it sets OMP_NUM_THREADS to their num_cpus):
-    numba starts one per core of the machine, so W workers on one machine would run W x cores threads."""
+    """Numba's threads to the cores Ray gave this task (it sets OMP_NUM_THREADS to the task's num_cpus):
+    numba starts one per core of the machine, so W tasks on one machine would run W x cores threads."""
     share = int(os.environ.get("OMP_NUM_THREADS") or 0)
     if share:
         import numba
