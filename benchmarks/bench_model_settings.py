@@ -4,10 +4,11 @@ settings cost and gave: runaway replies (hit max_tokens), valid and kept pairs, 
 pair, output tokens per valid pair, and the generation's seconds.
 
     python benchmarks/bench_model_settings.py                                   # SmolLM2, the quickstart's 26 chunks
-    python benchmarks/bench_model_settings.py --model qwen2.5-coder-1.5b --limit 8
+    python benchmarks/bench_model_settings.py --model qwen2.5-coder-1.5b \
+        --docs ../shared/data/lihuaworld/docs --limit 12
 
 A variant is "name:key=value,key=value" over [generation] fields (values in JSON); "model:" sets none, so
-the model's own settings apply (models.PackagedModel.settings).
+the model's own settings apply (models.PackagedModel.generation).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def run_one(variant: str, args) -> dict:
     from qcg_gpu.config import IndexConfig
     from qcg_gpu.indexing.pipeline import build_index
     from qcg_gpu.log import quiet
+    from qcg_gpu.models import llm_identity
 
     quiet()
     name, settings = parse_variant(variant)
@@ -61,7 +63,7 @@ def run_one(variant: str, args) -> dict:
     summary = build_index(docs, work / "index", config)
     return {
         "variant": name,
-        "model": summary_model(config),
+        "model": llm_identity(config.generation.model),
         "settings": {
             k: getattr(config.generation, k)
             for k in ("compact_json", "repetition_penalty", "max_pair_tokens", "max_tokens")
@@ -78,12 +80,6 @@ def run_one(variant: str, args) -> dict:
         "tokens_per_s": round(summary.generation_tokens_per_s, 1),
         "cpu": cpu_kind(),
     }
-
-
-def summary_model(config) -> str:
-    from qcg_gpu.models import llm_identity
-
-    return llm_identity(config.generation.model)
 
 
 def main() -> None:

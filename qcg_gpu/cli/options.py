@@ -27,6 +27,11 @@ SECTION_NAMES = {cls: name for name, cls in CONFIG_SECTIONS.items()}  # a config
 NO_VERIFY_HELP = "skip checking the index files against their checksums when loading (saves a few seconds per GB)"
 
 
+def option_flag(f: dataclasses.Field) -> str:
+    """The command-line option of a settings field: its own ``flag``, else --field-name."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
 def add_options(parser, section, title: str, only=None, prefix: str = "") -> None:
     """One option per dataclass field; ``prefix`` keeps the dests of same-named fields apart. An option
     not given stays None, so :func:`resolve` can tell it from a default, a config file or a preset."""
@@ -35,7 +40,7 @@ def add_options(parser, section, title: str, only=None, prefix: str = "") -> Non
     for f in dataclasses.fields(section):
         if only and f.name not in only:
             continue
-        flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+        flag = option_flag(f)
         kind = hints[f.name]
         default_help = f" (default: {f.default})" if f.default is not None else ""
         help_text = (f.metadata["help"] + default_help).replace("%", "%%")  # argparse %-formats help texts

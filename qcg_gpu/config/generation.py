@@ -256,6 +256,8 @@ class GenerationConfig(ReplyStoreConfig, OpenAIClientConfig, VLLMEngineConfig, D
         """Fill the fields left to the model (None) with the in-process model's measured settings (a packaged
         model's ``generation``, models.py), else :data:`MODEL_DECIDED`'s. Idempotent; :meth:`validate` and the
         readers of these fields call it, so what is recorded and what runs are the settled values."""
+        if all(getattr(self, key) is not None for key in MODEL_DECIDED):  # settled: sampling_spec runs per chunk
+            return self
         packaged = packaged_llm(self.model) if self.backend == "vllm" else None
         measured = {**MODEL_DECIDED, **(packaged.generation if packaged else {})}
         for key, value in measured.items():
