@@ -74,14 +74,15 @@ class RayCluster:
         return self.ray.remote(**self.worker_resources, **options)(in_share)
 
     def actors(self, cls, *args, reuse: bool = False, count: int | None = None) -> list:
-        """One actor of ``cls`` per worker (or ``count`` of them), each with its share of the cluster;
+        """One actor of ``cls`` per worker (or ``count`` of them), each with its share of the cluster and
+        its numba kernels on that share's cores (as :meth:`task`'s);
         ``reuse`` keeps the current ones when they were made the same way (they hold state worth
         keeping: loaded indexes, loaded engines)."""
         count = count or self.workers
         if reuse and self._actor_key == (cls, args, count) and self._actors:
             return self._actors
         self.release()
-        actor = self.ray.remote(**self.worker_resources)(cls)
+        actor = self.ray.remote(**self.worker_resources)(_in_share(cls))
         self._actors = [actor.remote(*args) for _ in range(count)]
         self._actor_key = (cls, args, count)
         return self._actors
@@ -124,3 +125,16 @@ class RayCluster:
         if id(obj) not in self._shared:
             self._shared[id(obj)] = (obj, self.ray.put(obj))
         return self._shared[id(obj)][1]
+
+
+def _in_share(cls):
+    """``cls`` whose instances first set numba's threads to their Ray share (:func:`numba_threads_to_share`;
+    numba's setting is per thread, and a Ray actor runs its methods on the thread that made it)."""
+
+    class InShare(cls):
+        def __init__(self, *args, **kwargs):
+            numba_threads_to_share()
+            super().__init__(*args, **kwargs)
+
+    InShare.__name__, InShare.__qualname__ = cls.__name__, cls.__qualname__  # what Ray's errors show
+    return InShare

@@ -192,16 +192,24 @@ def cluster():
     ray.shutdown()
 
 
-def test_a_task_s_numba_kernels_run_on_its_share_of_the_cores(cluster):
-    """Numba starts a thread per core of the machine; in a Ray task it keeps to the task's cores, so W
-    tasks on one machine do not run W x cores threads (the IVF kernels' time doubled so at W = 2)."""
+def test_numba_kernels_in_a_task_or_an_actor_run_on_its_share_of_the_cores(cluster):
+    """Numba starts a thread per core of the machine; in a Ray task or actor (shard owners, query-split
+    workers) it keeps to its share of the cores, so W of them on one machine do not run W x cores
+    threads (the IVF kernels' time doubled so at W = 2)."""
     import numba
 
     def threads():
         return numba.get_num_threads()
 
+    class Threads:
+        def count(self):
+            return threads()
+
     share = min(cluster.worker_resources.get("num_cpus", 1), numba.config.NUMBA_NUM_THREADS)
     assert cluster.gather([cluster.task(threads).remote() for _ in range(cluster.workers)]) == [share] * cluster.workers
+    actors = cluster.actors(Threads)
+    assert cluster.gather([a.count.remote() for a in actors]) == [share] * cluster.workers
+    cluster.release()
 
 
 RESULT_FIELDS = ("chunk_ids", "scores", "seed_ids", "seed_sims", "n_selected")
