@@ -21,21 +21,28 @@ BF16_UNIT_ROUNDOFF = 2.0**-8
 INT8_MAX = 127.0
 # the int8 similarity is float32(sum) * float32(unit), unit rounded from float64: three roundings
 INT8_OUTPUT_ROUNDOFF = 2.0**-21
+# Rows per pass over the nodes: the nodes may be a memory map, and each pass makes float64 temporaries
+# of a block (25 MB at 384-d; 65,536 rows made 0.4 GB, a shard owner's peak over its shards' bytes).
+NODE_BLOCK = 8192
+
+
+def node_blocks(nodes: np.ndarray, dtype=np.float64):
+    """(first row, the rows as ``dtype``) of each block of NODE_BLOCK rows."""
+    for start in range(0, len(nodes), NODE_BLOCK):
+        yield start, np.asarray(nodes[start : start + NODE_BLOCK], dtype)
 
 
 def max_row_norm(nodes: np.ndarray) -> float:
     """max |u| over the nodes (float64, in blocks: a memory map is never copied whole): the node side of
     the float32 bound."""
-    blocks = (np.asarray(nodes[s : s + 65536], np.float64) for s in range(0, len(nodes), 65536))
-    return max((float(np.linalg.norm(block, axis=1).max()) for block in blocks), default=0.0)
+    return max((float(np.linalg.norm(block, axis=1).max()) for _, block in node_blocks(nodes)), default=0.0)
 
 
 def bf16_rounding(nodes: np.ndarray, nodes_bf16) -> tuple[float, float]:
     """max |u| and max |u - bf16(u)| over the nodes (float64, in blocks): the node side of the bound."""
     norm = residual = 0.0
-    for start in range(0, len(nodes), 65536):
-        exact = np.asarray(nodes[start : start + 65536], np.float64)
-        rounded = nodes_bf16[start : start + 65536].double().cpu().numpy()
+    for start, exact in node_blocks(nodes):
+        rounded = nodes_bf16[start : start + len(exact)].double().cpu().numpy()
         norm = max(norm, float(np.linalg.norm(exact, axis=1).max()))
         residual = max(residual, float(np.linalg.norm(exact - rounded, axis=1).max()))
     return norm, residual
@@ -83,7 +90,7 @@ def bound_from_norms(q_norm, rounded_norm, residual_norm, node_norm: float, node
 def int8_node_scale(nodes: np.ndarray, code_max: int) -> float:
     """The factor shared by every node: ``code_max`` (127, or 63 where the CPU's int8 GEMM saturates:
     ``capabilities.int8_node_code_max``) / the largest |component| (in blocks: a memory map)."""
-    peak = max((float(np.abs(nodes[s : s + 65536]).max()) for s in range(0, len(nodes), 65536)), default=0.0)
+    peak = max((float(np.abs(block).max()) for _, block in node_blocks(nodes, np.float32)), default=0.0)
     return code_max / peak if peak > 0 else 1.0
 
 

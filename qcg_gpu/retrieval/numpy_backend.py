@@ -27,6 +27,7 @@ from .bounds import (
     int8_node_scale,
     int8_row_scales,
     max_row_norm,
+    node_blocks,
 )
 from .index import QCGIndex
 from .result import RetrievalResult, seed_threshold
@@ -210,8 +211,8 @@ class Bf16Prefilter(Prefilter):
         nodes = index.node_embeddings
         self.output_dtype, self.key_dtype = torch.bfloat16, torch.int16  # bf16 bit patterns as keys
         self.nodes_low = torch.empty(nodes.shape, dtype=torch.bfloat16)
-        for start in range(0, len(nodes), 65536):  # in blocks: nodes may be a read-only memory map
-            self.nodes_low[start : start + 65536] = torch.from_numpy(np.array(nodes[start : start + 65536], np.float32))
+        for start, block in node_blocks(nodes, np.float32):
+            self.nodes_low[start : start + len(block)] = read_only_tensor(block)  # a memory map's rows, read
         self.node_norm, self.node_residual = bf16_rounding(nodes, self.nodes_low)
 
     def error_bound(self, tile: np.ndarray, tile_bf16) -> np.ndarray:
@@ -245,8 +246,7 @@ class Int8Prefilter(Prefilter):
         self.node_scale = int8_node_scale(nodes, self.code_max)
         self.nodes_low = torch.empty(nodes.shape, dtype=torch.int8)
         norms, residuals = [0.0], [0.0]
-        for start in range(0, len(nodes), 65536):  # in blocks: nodes may be a read-only memory map
-            block = np.asarray(nodes[start : start + 65536], np.float32)
+        for start, block in node_blocks(nodes, np.float32):
             scale = np.full(len(block), self.node_scale)
             rounded, norm, _, residual = self.kernels.quantize_int8(block, scale, float(self.code_max))
             self.nodes_low[start : start + len(block)] = torch.from_numpy(rounded)
