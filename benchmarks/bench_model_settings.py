@@ -38,8 +38,8 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, settings
 
 
-def run_one(variant: str, args) -> dict:
-    """Build the index under one variant in this process and describe its generation."""
+def run_one(variant: str, args, work: Path) -> dict:
+    """Build the index under one variant in this process, in ``work``, and describe its generation."""
     from qcg_gpu.capabilities import cpu_kind
     from qcg_gpu.config import IndexConfig
     from qcg_gpu.indexing.pipeline import build_index
@@ -52,7 +52,6 @@ def run_one(variant: str, args) -> dict:
     config.generation.model, config.generation.m = args.model, args.m
     for key, value in settings.items():
         setattr(config.generation, key, value)
-    work = Path(tempfile.mkdtemp(prefix="qcg-settings-"))
     config.generation.cache = str(work / "cache.sqlite")  # fresh: every chunk is generated
     docs = work / "docs"
     docs.mkdir()
@@ -92,7 +91,8 @@ def main() -> None:
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: run this variant and print its line
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one, args)), flush=True)
+        with tempfile.TemporaryDirectory(prefix="qcg-settings-") as work:
+            print(json.dumps(run_one(args.one, args, Path(work))), flush=True)
         return
     passed = [a for a in sys.argv[1:] if a != "--variants" and a not in args.variants]
     for variant in args.variants:  # one LLM at a time: two engines on one machine slow each other

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import tempfile
 import threading
 import time
@@ -306,16 +307,25 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=10, help="kNN edges per node")
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--hops", type=int, default=1)
-    parser.add_argument("--root", type=Path, default=None, help="where the indexes are written (default: a temp dir)")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="where to write the indexes (a folder removed at the end; default: the temp dir)",
+    )
     parser.add_argument("--knn-nodes", type=int, default=50_000, help="nodes of the exact kNN part (0: skip it)")
     parser.add_argument("--knn-shard-nodes", type=int, default=10_000)
     parser.add_argument("--knn-probes", type=int, default=None, help="also the approximate graph, these lists a node")
     args = parser.parse_args()
 
+    with tempfile.TemporaryDirectory(prefix="bench_sharded_", dir=args.root) as root:  # GBs of indexes
+        run(args, Path(root))
+
+
+def run(args: argparse.Namespace, root: Path) -> None:
     from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever
 
     config = RetrievalConfig(hops=args.hops, prefilter="off")
-    root = Path(tempfile.mkdtemp(prefix="bench_sharded_", dir=args.root))
     if args.knn_nodes:
         knn_rows(root, args.knn_nodes, args.dim, args.knn_shard_nodes, args.workers, args.k, args.knn_probes)
     if not any(args.nodes):
@@ -363,6 +373,7 @@ def main() -> None:
                 "cpu": cpu_name(),
             }
             print(json.dumps(row), flush=True)
+        shutil.rmtree(path)  # one index on disk at a time
 
 
 if __name__ == "__main__":
