@@ -454,12 +454,15 @@ def test_growing_shards_equals_adding_nodes_in_one_process(whole_and_sharded, tm
 
 @pytest.mark.parametrize("data", ["real", "ties"])
 @pytest.mark.parametrize("k", [4, 40])
-def test_shard_by_shard_ivf_equals_the_one_process_approximate_graph(whole_and_sharded, tmp_path, data, k):
+def test_shard_by_shard_ivf_equals_the_one_process_approximate_graph(whole_and_sharded, tmp_path, monkeypatch, data, k):
     """ivf's three passes over shard files (centroids from every shard's training rows, each shard's lists,
     each shard's rows against every shard's members) against ivf_graph of all nodes: equal edge for edge,
-    with lists that miss true edges, and (k = 40) rows whose probed lists hold fewer than k nodes."""
+    with lists that miss true edges, and (k = 40) rows whose probed lists hold fewer than k nodes. Blocks
+    of 7 rows, so that the sample and the rows are copied and ranked in several."""
     from qcg_gpu.indexing import ivf
     from qcg_gpu.indexing.knn import knn_graph
+
+    monkeypatch.setattr(ivf, "ROW_BLOCK", 7)
 
     emb = node_embeddings(whole_and_sharded[0], data)
     writer, layout = write_node_shards(emb, tmp_path / "index")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..capabilities import require
-from ..index_format import index_shards
+from ..index_format import index_shards, load_shard_array
 from ..kernels.ivf_cpu import Best, Lists, Probes, probe_lists
 from ..log import progress_bar
 from .ranking import (
@@ -132,16 +132,23 @@ def graph_rows(emb: np.ndarray, start: int, stop: int, k: int, lists: np.ndarray
 
 
 def centroids_of_shards(data: str, layout: dict) -> np.ndarray:
-    """:func:`train_centroids` on the training rows of every shard's nodes, read one shard at a time."""
+    """:func:`train_centroids` on the training rows of every shard's nodes, copied into one array from
+    each shard's memory map: only the sample is held, and no shard is read whole."""
     shards = index_shards(layout)
     n = shards[-1].nodes[1]
     wanted = training_rows(n)
-    parts = []
+    sample = None
     for shard in shards:
         lo, hi = np.searchsorted(wanted, shard.nodes)
         if hi > lo:
-            parts.append(read_node_embeddings(data, layout, shard)[wanted[lo:hi] - shard.nodes[0]])
-    return train_centroids(np.concatenate(parts), list_count(n))
+            rows = load_shard_array(data, layout, shard, "node_embeddings", mmap=True, verify=False)
+            if sample is None:
+                sample = np.empty((len(wanted), rows.shape[1]), np.float32)
+            for start in range(lo, hi, ROW_BLOCK):  # a block's copy at a time
+                stop = min(start + ROW_BLOCK, hi)
+                sample[start:stop] = rows[wanted[start:stop] - shard.nodes[0]]
+            del rows  # unmapped before the next shard's
+    return train_centroids(sample, list_count(n))
 
 
 def shard_lists(data: str, layout: dict, shard: int, centroids, probes: int, backend="auto", device=None):
