@@ -137,13 +137,15 @@ def centroids_of_shards(data: str, layout: dict) -> np.ndarray:
     shards = index_shards(layout)
     n = shards[-1].nodes[1]
     wanted = training_rows(n)
-    sample = None
+
+    def mapped(shard) -> np.ndarray:
+        return load_shard_array(data, layout, shard, "node_embeddings", mmap=True, verify=False)
+
+    sample = np.empty((len(wanted), mapped(shards[0]).shape[1]), np.float32)
     for shard in shards:
         lo, hi = np.searchsorted(wanted, shard.nodes)
         if hi > lo:
-            rows = load_shard_array(data, layout, shard, "node_embeddings", mmap=True, verify=False)
-            if sample is None:
-                sample = np.empty((len(wanted), rows.shape[1]), np.float32)
+            rows = mapped(shard)
             for start in range(lo, hi, ROW_BLOCK):  # a block's copy at a time
                 stop = min(start + ROW_BLOCK, hi)
                 sample[start:stop] = rows[wanted[start:stop] - shard.nodes[0]]
