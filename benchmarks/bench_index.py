@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -102,6 +103,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
+    shutil.rmtree(work, ignore_errors=True)  # the copied documents and the indexes
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -175,6 +176,7 @@ def main() -> None:
         print(json.dumps(rows[-1]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"machine": cpu_kind(), "rows": rows}, indent=2))
+    shutil.rmtree(work, ignore_errors=True)  # the copied documents and the indexes
 
 
 if __name__ == "__main__":
