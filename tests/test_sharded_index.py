@@ -241,6 +241,52 @@ def test_shard_parallel_retrieval_on_ray_equals_one_process(whole_and_sharded, c
         assert shard_dirs == {s.name for s in group}, (shard_dirs, [s.name for s in group])
 
 
+GPU_CLUSTER_SCRIPT = """
+import json, sys
+import numpy as np, ray
+from qcg_gpu.cluster import RayCluster
+from qcg_gpu.config import RayConfig
+from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever
+
+whole, sharded, *fields = sys.argv[1:]
+ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+cluster = RayCluster(RayConfig(ray=True))
+one, driver = QCGIndex.load(whole), QCGIndex.load(sharded, nodes=False)
+rng = np.random.default_rng(3)
+queries = one.node_embeddings[rng.choice(one.n_nodes, 32)] + rng.normal(0, 0.05, (32, one.dim))
+config = RetrievalConfig(gamma=1.3, hops=2, n=8, top_k=5)
+want, got = Retriever(one, config).search(queries), Retriever(driver, config, cluster).search(queries)
+print(json.dumps({
+    "workers": cluster.workers,
+    "resources": cluster.worker_resources,
+    "gpu_ids": sorted(ray.get([a.gpu_ids.remote() for a in cluster._actors])),
+    "equal": [bool(np.array_equal(getattr(want, f), getattr(got, f))) for f in fields],
+}))
+"""
+
+
+def test_shard_owners_on_a_cluster_with_gpus_take_a_gpu_each(whole_and_sharded):
+    """On a Ray cluster with GPUs, there is a shard owner per GPU, each an actor holding one GPU of its own
+    (Ray makes it the only one the actor sees, so the owner's torch ``cuda`` is it), and the result is
+    one process's. Ray's GPUs are declared here (logical): the owners find no CUDA and search with numpy,
+    so what runs is the placement; on a machine with GPUs the same code searches on them."""
+    import subprocess
+    import sys
+
+    whole, sharded = whole_and_sharded
+    run = subprocess.run(
+        [sys.executable, "-c", GPU_CLUSTER_SCRIPT, str(whole), str(sharded), *RESULT_FIELDS],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["workers"] == 2 and report["resources"] == {"num_gpus": 1}
+    assert report["gpu_ids"] == [[0], [1]]
+    assert report["equal"] == [True] * len(RESULT_FIELDS)
+
+
 def test_query_on_ray_reads_shards_and_refuses_bad_input(whole_and_sharded, tmp_path, cli, cluster):
     whole, sharded = whole_and_sharded
     cluster.release()  # the command makes its own RayCluster in this process: it needs the workers' CPUs

@@ -201,6 +201,12 @@ class ShardActor:
     def files_opened(self) -> list[str]:
         return sorted(self.opened)
 
+    def gpu_ids(self) -> list:
+        """The GPUs Ray gave this worker (torch's ``cuda`` is the first): one each on a GPU cluster."""
+        import ray
+
+        return ray.get_gpu_ids()
+
     def peak_rss(self) -> int:
         """This worker process's peak resident memory in bytes (VmHWM): what its shards cost it."""
         with open("/proc/self/status") as fh:
