@@ -19,11 +19,19 @@ from qcg_gpu.integrity import check_index
 
 from .conftest import qcg, sample_docs
 
+# ``python -m qcg_gpu.cli`` with Ctrl-C's usual handler: a process started in the background of a
+# non-interactive shell (nohup ... &, as CI may be) inherits SIGINT ignored, and Python keeps it so.
+INTERRUPTIBLE_CLI = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('qcg_gpu.cli', run_name='__main__', alter_sys=True)"
+)
 
-def _start(*args):
+
+def _start(*args, interruptible: bool = False):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cli = ["-c", INTERRUPTIBLE_CLI] if interruptible else ["-m", "qcg_gpu.cli"]
     return subprocess.Popen(
-        [sys.executable, "-m", "qcg_gpu.cli", "index", *map(str, args)],
+        [sys.executable, *cli, "index", *map(str, args)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -138,7 +146,7 @@ def _cached(cache) -> int:
 
 def test_ctrl_c_ends_in_one_line_and_leaves_nothing_behind(tmp_path):
     docs = sample_docs(tmp_path / "docs", 4)
-    process = _start(docs, tmp_path / "index", "--nodes", "sentence", "--device", "cpu")
+    process = _start(docs, tmp_path / "index", "--nodes", "sentence", "--device", "cpu", interruptible=True)
     seen = []
     for line in process.stdout:  # interrupted while it embeds, as a user pressing Ctrl-C would
         seen.append(line)
