@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -46,11 +45,14 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "bench_index.json")
     args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="qcg-bench-") as work:  # the copied documents and the indexes
+        run(args, Path(work))
 
+
+def run(args: argparse.Namespace, work: Path) -> None:
     config = IndexConfig()
     config.generation.m = args.m
     config.generation.model = args.model
-    work = Path(tempfile.mkdtemp(prefix="qcg-bench-"))
     config.generation.cache = str(work / "cache.sqlite")  # fresh: every chunk is generated
 
     docs = work / "docs"
@@ -103,7 +105,6 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
-    shutil.rmtree(work, ignore_errors=True)  # the copied documents and the indexes
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -142,9 +141,13 @@ def main() -> None:
     parser.add_argument("--parts", default="sentence,llm,retrieval", help="which measurements to run")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "bench_ray.json")
     args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="qcg-bench-ray-") as work:  # the copied documents and the indexes
+        run(args, Path(work))
+
+
+def run(args: argparse.Namespace, work: Path) -> None:
     parts = args.parts.split(",")
 
-    work = Path(tempfile.mkdtemp(prefix="qcg-bench-ray-"))
     common = ["--device", "cpu"]
     rows = []
     if "sentence" in parts:
@@ -176,7 +179,6 @@ def main() -> None:
         print(json.dumps(rows[-1]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"machine": cpu_kind(), "rows": rows}, indent=2))
-    shutil.rmtree(work, ignore_errors=True)  # the copied documents and the indexes
 
 
 if __name__ == "__main__":
