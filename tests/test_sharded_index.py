@@ -152,6 +152,13 @@ def test_a_remove_on_ray_of_an_index_of_one_shard_is_refused_before_a_cluster_st
     assert "Ray" not in result.stderr
 
 
+def queries_near_nodes(index: QCGIndex, count: int, seed: int) -> np.ndarray:
+    """Unit queries a little off random nodes of ``index``: each finds seeds, and the hops reach more."""
+    rng = np.random.default_rng(seed)
+    queries = index.node_embeddings[rng.choice(index.n_nodes, count)] + rng.normal(0, 0.05, (count, index.dim))
+    return (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
+
+
 OWNER_BACKENDS = [("numpy", "cpu", p) for p in ("off", "int8", "bf16")]
 OWNER_BACKENDS += [("torch", device, p) for device in DEVICES for p in ("off", "bf16")]
 
@@ -163,9 +170,7 @@ def test_shard_owners_in_this_process_equal_one_process(whole_and_sharded, backe
 
     whole, sharded = whole_and_sharded
     one = QCGIndex.load(whole)
-    rng = np.random.default_rng(3)
-    queries = one.node_embeddings[rng.choice(one.n_nodes, 100)] + rng.normal(0, 0.05, (100, one.dim))
-    queries = (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
+    queries = queries_near_nodes(one, 100, seed=3)
     for owners in (1, 3):
         sharded_backend = local_owners(sharded, read_manifest(sharded), owners, local_backend)
         for hops in (0, 1, 2):
@@ -178,6 +183,37 @@ def test_shard_owners_in_this_process_equal_one_process(whole_and_sharded, backe
             assert want.n_selected.min() > 0 and (hops == 0 or want.n_selected.max() > 10)
             for name in RESULT_FIELDS:
                 assert np.array_equal(getattr(want, name), getattr(got, name)), (owners, hops, name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_shard_owner_holds_its_nodes_once(whole_and_sharded, device):
+    """A torch owner on a GPU frees the host's copy of its nodes (the GPU's copy is what it searches)
+    and reads them again from the shard files for a CPU backend; on the CPU, torch searches the owner's
+    array itself. Either way the results are one process's."""
+    from qcg_gpu.retrieval.retriever import local_backend
+    from qcg_gpu.retrieval.shard_backend import local_owners
+
+    whole, sharded = whole_and_sharded
+    one = QCGIndex.load(whole)
+    queries = queries_near_nodes(one, 50, seed=5)
+    sharded_backend = local_owners(sharded, read_manifest(sharded), 2, local_backend)
+    on_torch = RetrievalConfig(gamma=1.3, hops=1, n=10, top_k=5, backend="torch", device=device)
+    on_numpy = dataclasses.replace(on_torch, backend="numpy", device=None)
+    for config in (on_torch, on_numpy):
+        if config is on_numpy and device == "cpu":
+            for owner in sharded_backend.owners:
+                owner.local = None  # as a GPU backend leaves it, so that the numpy one reads its nodes again
+        want, got = Retriever(one, config).search(queries), sharded_backend.search(queries, config)
+        for name in RESULT_FIELDS:
+            assert np.array_equal(getattr(want, name), getattr(got, name)), (config.backend, name)
+        for owner in sharded_backend.owners:
+            if config is on_torch and device != "cpu":
+                assert owner.local is None
+            else:
+                nodes = owner.local.node_embeddings
+                assert len(nodes) == owner.end_node - owner.first_node
+                if config is on_torch:
+                    assert owner._backend(config).nodes.data_ptr() == nodes.ctypes.data
 
 
 @pytest.fixture(scope="module")
@@ -221,8 +257,7 @@ def test_shard_parallel_retrieval_on_ray_equals_one_process(whole_and_sharded, c
     one = QCGIndex.load(whole)
     driver = QCGIndex.load(sharded, nodes=False)  # the driver holds no node array
     assert driver.n_nodes == 0 and len(driver.shards) > 2
-    rng = np.random.default_rng(7)
-    queries = one.node_embeddings[rng.choice(one.n_nodes, 64)] + rng.normal(0, 0.05, (64, one.dim))
+    queries = queries_near_nodes(one, 64, seed=7)
     for hops in (0, 1, 2):
         config = RetrievalConfig(gamma=1.3, hops=hops, n=8, top_k=5, prefilter=prefilter)
         want = Retriever(one, config).search(queries)

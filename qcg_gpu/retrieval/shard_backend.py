@@ -73,23 +73,22 @@ class ShardOwner:
 
         self.indptr = join_indptr(array("knn_indptr")).astype(np.int64)
         self.indices = np.concatenate(array("knn_indices")).astype(np.int64)
-        emb = read_shard_rows(data, manifest, shards, "node_embeddings", verify).astype(np.float32, copy=False)
         node_chunk = np.concatenate(
             [load_shard_table(data, manifest, s, "nodes", verify).column("chunk_id").to_numpy() for s in shards]
         ).astype(np.int64)
-        self.local = QCGIndex(
-            Path(path),
-            manifest,
-            emb,
-            np.zeros(len(emb) + 1, np.int64),  # no edges: the driver walks the graph
-            np.zeros(0, np.int64),
-            node_chunk - self.first_chunk,
-            end_chunk - self.first_chunk,
-            verified=verify,
-            data=data,
-        )
+        self._files = (Path(path), manifest, data, shards, verify)
+        self._node_chunk, self._n_chunks = node_chunk - self.first_chunk, end_chunk - self.first_chunk
+        self.local: QCGIndex | None = self._load_local()
         self._local_backend = local_backend
         self._backends: dict = {}  # (backend, device, prefilter) -> the in-process backend over these nodes
+
+    def _load_local(self) -> QCGIndex:
+        """This owner's nodes as an index of their own, read from the shard files (no edges: the driver
+        walks the graph)."""
+        path, manifest, data, shards, verify = self._files
+        emb = read_shard_rows(data, manifest, shards, "node_embeddings", verify).astype(np.float32, copy=False)
+        empty_graph = np.zeros(len(emb) + 1, np.int64), np.zeros(0, np.int64)
+        return QCGIndex(path, manifest, emb, *empty_graph, self._node_chunk, self._n_chunks, verified=verify, data=data)
 
     def nodes(self) -> tuple[int, int]:
         return self.first_node, self.end_node
@@ -119,7 +118,10 @@ class ShardOwner:
         ``auto`` is torch on it; the prefilter is this CPU's or GPU's fastest (every one is exact)."""
         key = (config.backend, config.device, config.prefilter)
         if key not in self._backends:
-            self._backends[key] = self._local_backend(self.local, config)
+            local = self.local or self._load_local()  # freed by a GPU backend before: read again
+            self._backends[key] = backend = self._local_backend(local, config)
+            # a backend on a GPU searches its own copy of the nodes: the host's would only hold memory
+            self.local = None if str(getattr(backend, "device", "cpu")) != "cpu" else local
         return self._backends[key]
 
 

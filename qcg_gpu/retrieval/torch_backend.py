@@ -33,8 +33,10 @@ class TorchBackend:
 
         self.torch = torch = require("torch")
         self._gather_dot = gather_dot
-        self.index, self.device = index, torch.device(device)
-        n = len(index.node_embeddings)
+        self.device = torch.device(device)
+        # counts only: on a GPU the host's array is not needed after this (a shard owner frees it)
+        self.n_nodes = n = len(index.node_embeddings)
+        self.n_chunks = index.n_chunks
         self.nodes = read_only_tensor(index.node_embeddings).to(self.device)
         degree = np.diff(index.knn_indptr)
         if n and not (degree == degree[0]).all():
@@ -60,7 +62,7 @@ class TorchBackend:
 
     def search(self, q: np.ndarray, config: RetrievalConfig) -> RetrievalResult:
         out = RetrievalResult.empty(len(q), config)
-        n_nodes = len(self.index.node_embeddings)
+        n_nodes = self.n_nodes
         with self.torch.inference_mode(), ieee_float32_matmul():
             for part, tile, seed_ids, seed_sims in self._seed_tiles(q, config):
                 out.seed_ids[part, : seed_ids.shape[1]] = seed_ids.cpu().numpy()
@@ -74,7 +76,7 @@ class TorchBackend:
     def seeds(self, q: np.ndarray, config: RetrievalConfig) -> tuple[np.ndarray, np.ndarray]:
         """The seeds alone (B, min(n, N)), best first, with the float64 similarities they rank by: a node
         shard's part of the seeds, which merge exactly with the other shards' (``shard_backend``)."""
-        n = min(config.n, self.index.n_nodes)
+        n = min(config.n, self.n_nodes)
         ids, sims = np.full((len(q), n), -1, np.int64), np.full((len(q), n), -np.inf, np.float64)
         with self.torch.inference_mode(), ieee_float32_matmul():
             for part, _, seed_ids, seed_sims in self._seed_tiles(q, config):
@@ -84,7 +86,7 @@ class TorchBackend:
     def rank(self, q: np.ndarray, selected: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
         """Steps 4-5 (chunk means, top-K) over a Q* chosen elsewhere: ``selected`` (B, L) node ids, -1
         padded, as a node shard's owner gets its part of Q* (``shard_backend``). Chunk ids and scores."""
-        torch, n_nodes = self.torch, self.index.n_nodes
+        torch, n_nodes = self.torch, self.n_nodes
         chunks, scores = np.full((len(q), top_k), -1, np.int64), np.full((len(q), top_k), -np.inf, np.float32)
         with torch.inference_mode():
             for start in range(0, len(q), self.tile_rows):
@@ -98,7 +100,7 @@ class TorchBackend:
 
     def _seed_tiles(self, q: np.ndarray, config: RetrievalConfig):
         """(rows, query tile, seed ids, float64 seed sims) of each query tile, as tensors on the device."""
-        n_nodes = len(self.index.node_embeddings)
+        n_nodes = self.n_nodes
         if n_nodes == 0:
             return
         threshold, n = float(seed_threshold(config.gamma)), min(config.n, n_nodes)
@@ -212,7 +214,7 @@ class TorchBackend:
 
     def _expand(self, seed_ids, hops: int):
         """Q* per row as node ids (sorted, unique), padding = N."""
-        torch, n_nodes = self.torch, len(self.index.node_embeddings)
+        torch, n_nodes = self.torch, self.n_nodes
         frontier = torch.where(seed_ids >= 0, seed_ids, n_nodes)
         reached = [frontier]
         for _ in range(hops):
@@ -223,7 +225,7 @@ class TorchBackend:
 
     def _rank_chunks(self, tile, selected, top_k: int):
         """Mean similarity per chunk over Q*, then the K best chunks (ties by lower chunk id)."""
-        torch, n_chunks = self.torch, self.index.n_chunks
+        torch, n_chunks = self.torch, self.n_chunks
         # only the Q* entries (Triton on CUDA); gather_dot gives id -1 a 0, so the nodes need no padding row
         sims = self._gather_dot(self.nodes, tile, torch.where(selected < len(self.nodes), selected, -1))
         chunks = self.node_chunk[selected]
