@@ -524,10 +524,12 @@ def test_n_and_top_k_beyond_the_index_give_what_the_index_has(backend):
         np.testing.assert_array_equal(getattr(huge, name), getattr(exact, name))
 
 
+@pytest.mark.parametrize("read_only", ["nodes", "queries"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_searching_a_memory_mapped_index_warns_of_nothing(tmp_path, backend):
-    """A loaded index's node embeddings are a read-only memory map; torch warned that tensors over it
-    are not writable (`qcg query` printed it). In a fresh process per backend: torch warns once."""
+def test_searching_read_only_arrays_warns_of_nothing(tmp_path, backend, read_only):
+    """A loaded index's node embeddings are a read-only memory map, and the queries a Ray shard owner
+    gets are read-only (its nodes are in memory); torch warned that tensors over them are not writable
+    (`qcg query` and the owners printed it). One fresh process a case: torch warns once a process."""
     index = random_index(5, 300, 16, 3, n_chunks=40)
     np.save(tmp_path / "nodes.npy", index.node_embeddings)
     np.save(tmp_path / "queries.npy", queries_for(index, 5, 8))
@@ -535,10 +537,15 @@ def test_searching_a_memory_mapped_index_warns_of_nothing(tmp_path, backend):
     search = f"""
 import numpy as np
 from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever
-nodes = np.load(r"{tmp_path / "nodes.npy"}", mmap_mode="r")
+from qcg_gpu.retrieval.retriever import local_backend
+nodes = np.load(r"{tmp_path / "nodes.npy"}", mmap_mode="r" if {read_only!r} == "nodes" else None)
 graph = np.load(r"{tmp_path / "graph.npz"}")
 index = QCGIndex(None, {{}}, nodes, graph["indptr"], graph["indices"], graph["chunk"], 40)
-Retriever(index, RetrievalConfig(gamma=0.5, **{backend!r})).search(np.load(r"{tmp_path / "queries.npy"}"))
+queries = np.load(r"{tmp_path / "queries.npy"}", mmap_mode="r" if {read_only!r} == "queries" else None)
+config = RetrievalConfig(gamma=0.5, **{backend!r})
+Retriever(index, config).search(queries)
+owners_backend = local_backend(index, config)  # as a shard owner calls it, on the queries as they come
+owners_backend.rank(queries, owners_backend.seeds(queries, config)[0], 5)
 """
     run = subprocess.run([sys.executable, "-W", "error", "-c", search], capture_output=True, text=True)
     assert run.returncode == 0 and not run.stderr, run.stderr[-2000:]

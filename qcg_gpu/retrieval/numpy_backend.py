@@ -222,7 +222,7 @@ class Bf16Prefilter(Prefilter):
         return bound.astype(np.float32)
 
     def round_tile(self, tile: np.ndarray):
-        tile_bf16 = self.torch.from_numpy(tile).bfloat16()
+        tile_bf16 = read_only_tensor(tile).bfloat16()  # queries from Ray are read-only
         return tile_bf16, self.error_bound(tile, tile_bf16), np.ones(len(tile), np.float32)  # bf16 keys need no unit
 
     def gemm(self, tile_bf16, block, out):
@@ -309,7 +309,7 @@ def float32_gemm(nodes: np.ndarray):
 
     def gemm(tile: np.ndarray, col0: int, width: int, out: np.ndarray) -> np.ndarray:
         with ieee_float32_matmul():
-            torch.mm(torch.from_numpy(tile), nodes_t[col0 : col0 + width].T, out=torch.from_numpy(out))
+            torch.mm(read_only_tensor(tile), nodes_t[col0 : col0 + width].T, out=torch.from_numpy(out))
         return out
 
     return gemm

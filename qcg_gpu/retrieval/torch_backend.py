@@ -93,7 +93,7 @@ class TorchBackend:
                 part = slice(start, start + self.tile_rows)
                 ids = torch.from_numpy(np.ascontiguousarray(selected[part], dtype=np.int64)).to(self.device)
                 ids = unique_rows(torch, torch.where(ids >= 0, ids, n_nodes), n_nodes)  # ascending, as _expand's
-                tile = torch.from_numpy(q[part]).to(self.device)
+                tile = read_only_tensor(q[part]).to(self.device)
                 best, values = self._rank_chunks(tile, ids, top_k)
                 chunks[part], scores[part] = best.cpu().numpy(), values.cpu().numpy()
         return chunks, scores
@@ -106,7 +106,7 @@ class TorchBackend:
         threshold, n = float(seed_threshold(config.gamma)), min(config.n, n_nodes)
         threshold_first = True  # until a tile passes more candidates than the budget: then topk for the rest
         for start in range(0, len(q), self.tile_rows):
-            tile = self.torch.from_numpy(q[start : start + self.tile_rows]).to(self.device)
+            tile = read_only_tensor(q[start : start + self.tile_rows]).to(self.device)  # read-only from Ray
             seeds = self._threshold_first(tile, threshold, n) if threshold_first else None
             if seeds is None:
                 threshold_first = False
