@@ -50,6 +50,16 @@ def test_query_file_with_blank_lines_and_out_file(small_index, tmp_path, cli):
     assert [r["query_id"] for r in _records(out.read_text())] == ["1", "4"]
 
 
+def test_queries_that_find_no_seed_are_named_in_one_line(small_index, tmp_path, cli):
+    path = tmp_path / "q.txt"
+    path.write_text("Who is Adam?\nWhere does Li Hua live?\n")
+    unseeded = cli("query", small_index, "--queries", path, "--gamma", "2.0")
+    assert unseeded.returncode == 0 and [r["chunks"] for r in _records(unseeded.stdout)] == [[], []]
+    assert "2 of 2 queries found no node with sim + 1 >= gamma = 2 (cosine >= 1)" in unseeded.stderr
+    seeded = cli("query", small_index, "--queries", path, "--gamma", "1.0")
+    assert all(r["chunks"] for r in _records(seeded.stdout)) and "found no node" not in seeded.stderr
+
+
 def test_trec_runs_of_documents_and_chunks(small_index, tmp_path, cli):
     path = tmp_path / "q.txt"
     path.write_text("Who is Adam?\nWhere does Li Hua live?\n")

@@ -8,6 +8,7 @@ import json
 from ..config import AnswerConfig
 from ..errors import QCGError
 from ..eval.runfiles import run_lines
+from ..log import logger
 from .options import (
     NO_VERIFY_HELP,
     add_llm_options,
@@ -122,6 +123,8 @@ def run(args) -> int:
     if args.method != "qcg" and embedder is None:  # the baselines embed chunk texts with the index's embedder
         embedder = index.embedder(args.embed_device)
     result = search(index, vectors, config, args.method, embedder, cluster if args.method == "qcg" else None)
+    if args.method == "qcg":
+        _say_which_found_no_seed(result, config)
     records = query_io.describe(
         index, ids, texts, result, config, vectors if args.trace and args.method == "qcg" else None
     )
@@ -144,3 +147,14 @@ def run(args) -> int:
         ]
     query_io.write_output(args.out, lines)
     return 0
+
+
+def _say_which_found_no_seed(result, config) -> None:
+    """A query with no node at or above gamma has no seeds, so no chunks (METHOD.md, retrieval step 2):
+    an empty result is the method, and the line says which threshold made it."""
+    unseeded = int((result.n_selected == 0).sum())
+    if unseeded:
+        logger.warning(
+            f"{unseeded} of {len(result.n_selected)} queries found no node with sim + 1 >= gamma = {config.gamma:g} "
+            f"(cosine >= {config.gamma - 1:g}), so no chunks; a lower --gamma admits more seeds"
+        )
