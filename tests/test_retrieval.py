@@ -26,10 +26,11 @@ def random_index(seed: int, n_nodes: int, dim: int, k: int, n_chunks: int) -> QC
     return QCGIndex(None, {}, x, graph.indptr, graph.indices, node_chunk.astype(np.int64), n_chunks)
 
 
-def queries_for(index: QCGIndex, seed: int, b: int) -> np.ndarray:
+def queries_for(index: QCGIndex, seed: int, b: int, noise: float = 0.5) -> np.ndarray:
+    """Unit queries off random nodes of ``index`` (Gaussian ``noise`` a coordinate)."""
     rng = np.random.default_rng(seed)
     picks = index.node_embeddings[rng.integers(0, len(index.node_embeddings), b)]
-    q = picks + 0.5 * rng.standard_normal(picks.shape).astype(np.float32)
+    q = picks + noise * rng.standard_normal(picks.shape).astype(np.float32)
     return (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
 
 

@@ -31,6 +31,7 @@ from qcg_gpu.integrity import check_index
 from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever
 
 from .conftest import DEVICES, KNN_BACKENDS, sample_docs
+from .test_retrieval import queries_for
 
 SHARD_NODES = 60
 
@@ -152,13 +153,6 @@ def test_a_remove_on_ray_of_an_index_of_one_shard_is_refused_before_a_cluster_st
     assert "Ray" not in result.stderr
 
 
-def queries_near_nodes(index: QCGIndex, count: int, seed: int) -> np.ndarray:
-    """Unit queries a little off random nodes of ``index``: each finds seeds, and the hops reach more."""
-    rng = np.random.default_rng(seed)
-    queries = index.node_embeddings[rng.choice(index.n_nodes, count)] + rng.normal(0, 0.05, (count, index.dim))
-    return (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
-
-
 OWNER_BACKENDS = [("numpy", "cpu", p) for p in ("off", "int8", "bf16")]
 OWNER_BACKENDS += [("torch", device, p) for device in DEVICES for p in ("off", "bf16")]
 
@@ -170,7 +164,7 @@ def test_shard_owners_in_this_process_equal_one_process(whole_and_sharded, backe
 
     whole, sharded = whole_and_sharded
     one = QCGIndex.load(whole)
-    queries = queries_near_nodes(one, 100, seed=3)
+    queries = queries_for(one, 3, 100, noise=0.05)
     for owners in (1, 3):
         sharded_backend = local_owners(sharded, read_manifest(sharded), owners, local_backend)
         for hops in (0, 1, 2):
@@ -195,7 +189,7 @@ def test_a_shard_owner_holds_its_nodes_once(whole_and_sharded, device):
 
     whole, sharded = whole_and_sharded
     one = QCGIndex.load(whole)
-    queries = queries_near_nodes(one, 50, seed=5)
+    queries = queries_for(one, 5, 50, noise=0.05)
     sharded_backend = local_owners(sharded, read_manifest(sharded), 2, local_backend)
     on_torch = RetrievalConfig(gamma=1.3, hops=1, n=10, top_k=5, backend="torch", device=device)
     on_numpy = dataclasses.replace(on_torch, backend="numpy", device=None)
@@ -257,7 +251,7 @@ def test_shard_parallel_retrieval_on_ray_equals_one_process(whole_and_sharded, c
     one = QCGIndex.load(whole)
     driver = QCGIndex.load(sharded, nodes=False)  # the driver holds no node array
     assert driver.n_nodes == 0 and len(driver.shards) > 2
-    queries = queries_near_nodes(one, 64, seed=7)
+    queries = queries_for(one, 7, 64, noise=0.05)
     for hops in (0, 1, 2):
         config = RetrievalConfig(gamma=1.3, hops=hops, n=8, top_k=5, prefilter=prefilter)
         want = Retriever(one, config).search(queries)
