@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import ast
 import graphlib
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +41,22 @@ def test_no_import_cycle():
         # a module importing its own package's __init__ (or a parent's) is not an edge back
         graph[name] = {m for m in _imports(path, package, modules) if m != name and not name.startswith(m + ".")}
     graphlib.TopologicalSorter(graph).prepare()  # raises CycleError naming the cycle
+
+
+def test_the_wheel_ships_every_module_and_data_file(tmp_path):
+    """What ``pip install qcg-gpu`` gets: the editable install the tests run on finds any module, a wheel only
+    those its setup names (a hand-kept package list once left ``qcg_gpu.config`` out, so nothing imported)."""
+    source = tmp_path / "source"  # a copy, so that the build's own folders stay out of the checkout
+    shutil.copytree(ROOT / "qcg_gpu", source / "qcg_gpu", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source)
+    wheel_dir = tmp_path / "wheel"
+    pip = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheel_dir)]
+    subprocess.run([*pip, str(source)], check=True, capture_output=True)
+    (wheel,) = wheel_dir.glob("*.whl")
+    shipped = {name for name in zipfile.ZipFile(wheel).namelist() if name.startswith("qcg_gpu/")}
+    wanted = {str(p.relative_to(source)) for p in (source / "qcg_gpu").rglob("*") if p.is_file()}
+    assert wanted - shipped == set()
 
 
 def test_top_level_holds_at_most_twelve_modules():
