@@ -25,7 +25,8 @@ class RayCluster:
             try:
                 self.ray.init(
                     address=None if local else config.ray_address,
-                    num_cpus=os.cpu_count() if local else None,
+                    # workers asked beyond the cores share them: Ray's CPUs here are scheduling tokens
+                    num_cpus=max(os.cpu_count() or 1, config.ray_workers or 0) if local else None,
                     include_dashboard=False,
                     logging_level=logging.WARNING,
                     configure_logging=False,
@@ -38,6 +39,11 @@ class RayCluster:
         self.gpus = int(resources.get("GPU", 0))
         cpus = max(int(resources.get("CPU", 1)), 1)
         self.workers = config.ray_workers or self.gpus or cpus
+        if self.workers > max(cpus, self.gpus):  # each would take a CPU or a GPU: the rest would wait forever
+            raise QCGError(
+                f"--ray-workers {self.workers}: the Ray cluster has {cpus} CPUs and {self.gpus} GPUs, and each "
+                "worker needs one of its own; ask for fewer workers or add nodes"
+            )
         # A GPU each when the cluster has enough; else the CPU cores shared out.
         self.worker_resources = (
             {"num_gpus": 1} if 0 < self.workers <= self.gpus else {"num_cpus": max(1, cpus // self.workers)}

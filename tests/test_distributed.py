@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -163,6 +164,13 @@ def test_shard_sizes_are_checked_before_any_cluster_starts():
         RayConfig(ray_shard_chunks=100).validate()
 
 
+def test_more_workers_than_a_running_cluster_has_are_refused(cluster):
+    cpus = int(cluster.ray.cluster_resources()["CPU"])
+    with pytest.raises(QCGError, match=f"--ray-workers {cpus + 1}: the Ray cluster has {cpus} CPUs and 0 GPUs"):
+        RayCluster(RayConfig(ray=True, ray_workers=cpus + 1))
+    assert RayCluster(RayConfig(ray=True, ray_workers=cpus)).workers == cpus
+
+
 def test_an_engine_wider_than_the_cluster_is_refused(cluster):
     with pytest.raises(QCGError, match="one engine needs 2 GPUs .* the cluster has 0"):
         cluster.engine_actors(object, count=1, gpus_each=2)
@@ -206,7 +214,8 @@ def test_command_line_index_and_query_with_ray(tmp_path, capsys):
     assert_identical(tmp_path / "ray", tmp_path / "one")
     (tmp_path / "q.txt").write_text("Who is Li Hua?\nWhat did they plan for the weekend?\n")
     query = ["query", tmp_path / "one", "--queries", tmp_path / "q.txt", "--gamma", "1.2"]
-    on_ray = qcg(*query, "--ray", "--ray-workers", "2")
+    # more workers than this machine has cores: the local cluster shares them out (it waited forever)
+    on_ray = qcg(*query, "--ray", "--ray-workers", os.cpu_count() + 1)
     capsys.readouterr()
     assert on_ray.returncode == 0 and main(list(map(str, query))) == 0, on_ray.stderr
     one = capsys.readouterr().out.splitlines()

@@ -23,7 +23,8 @@ class RayConfig:
     )
     ray_workers: int | None = option(
         None,
-        "Workers (model replicas) for --ray (default: one per GPU of the cluster, else one per CPU core).",
+        "Workers (model replicas) for --ray (default: one per GPU of the cluster, else one per CPU core); on a "
+        "local cluster more than the cores share them, a running one needs a CPU or GPU for each.",
         runtime=True,
     )
 
