@@ -210,6 +210,7 @@ def test_command_line_index_and_query_with_ray(tmp_path, capsys):
     options = ["--nodes", "sentence", "--device", "cpu", "--quiet"]
     built = qcg("index", docs, tmp_path / "ray", *options, "--ray", "--ray-workers", "2")
     assert built.returncode == 0, built.stderr
+    assert "Loading weights" not in built.stderr  # the workers' model loading keeps quiet too
     assert main(["index", str(docs), str(tmp_path / "one"), *options]) == 0  # one process: this one
     assert_identical(tmp_path / "ray", tmp_path / "one")
     (tmp_path / "q.txt").write_text("Who is Li Hua?\nWhat did they plan for the weekend?\n")

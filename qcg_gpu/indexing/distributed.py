@@ -375,6 +375,7 @@ class EmbedWorker:
 
         from ..embedding import Embedder
 
+        quiet()  # the driver shows the progress: no bars from the workers, the model's loading bar included
         # "truncate": RayEmbedder's driver splits long texts itself
         self.embedder = Embedder(model, device, batch_size, long_texts)
         if self.embedder.device == "cpu":

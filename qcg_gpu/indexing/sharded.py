@@ -41,7 +41,7 @@ from ..capabilities import require
 from ..cluster import RayCluster
 from ..config import IndexConfig, NodeConfig
 from ..index_format import TABLES, ArrayParts, IndexWriter, plan_shards
-from ..log import progress_bar, quiet
+from ..log import progress_bar
 from .chunking import Chunk
 from .distributed import EmbedWorker, knn_graph_of_parts, knn_of_shards, ray_llm
 from .documents import SkipLog
@@ -161,7 +161,6 @@ class _ShardWorker(EmbedWorker):
     def __init__(self, nodes: NodeConfig, cpu_threads: int):
         super().__init__(nodes.embedder, nodes.device, nodes.embed_batch_size, cpu_threads, nodes.long_texts)
         self.nodes = nodes
-        quiet()  # the driver shows the progress by shard
 
     def embed_shard(self, shard: int, chunks: list[Chunk], pairs: Pairs) -> tuple[dict, np.ndarray]:
         """The shard's index tables (numbered from 0 within it), embeddings and counts, and apart
