@@ -166,9 +166,14 @@ def test_command_line_add_and_remove(tmp_path, cli):
     old, new, _ = _split_docs(tmp_path, 2, 1)
     options = ["--nodes", "sentence", "--device", "cpu", "--quiet"]
     assert cli("index", old, tmp_path / "idx", *options).returncode == 0
+    nodes_before = read_manifest(tmp_path / "idx")["counts"]["nodes"]
     added = cli("index", "--add", new, tmp_path / "idx", *options)
     assert added.returncode == 0, added.stderr
-    assert read_manifest(tmp_path / "idx")["counts"]["documents"] == 3
+    counts = read_manifest(tmp_path / "idx")["counts"]
+    assert counts["documents"] == 3
+    # the summary counts what was added, but the edges of the whole index (old rows change too)
+    graph = f"graph: {counts['nodes'] - nodes_before} nodes added, {counts['knn_edges']} kNN edges in the index"
+    assert added.stdout.startswith(f"documents added to {tmp_path / 'idx'}\n") and graph in added.stdout, added.stdout
     doc = next(new.glob("*.txt")).stem
     removed = cli("index", tmp_path / "idx", "--remove", doc, "--quiet")
     assert removed.returncode == 0 and "removed 1 documents" in removed.stdout, removed.stderr

@@ -151,7 +151,7 @@ def run_add(args) -> int:
     options = index_config(args, manifest["settings"])
     index_settings(manifest, options)  # refuse other settings before a cluster starts
     summary = add_documents(args.out, args.input, options, cluster=ray_cluster(args))
-    print(summary.format().replace("index written to", "documents added to", 1))
+    print(summary.format("documents added to"))
     return 0
 
 
@@ -163,7 +163,7 @@ def run_retry(args) -> int:
     options = index_config(args, manifest["settings"])
     index_settings(manifest, options)  # refuse other settings before a cluster starts
     summary = retry_failed(args.out, options, cluster=ray_cluster(args))
-    print(summary.format().replace("index written to", f"{summary.documents} documents regenerated in", 1))
+    print(summary.format(f"{summary.documents} documents regenerated in"))
     return 0
 
 

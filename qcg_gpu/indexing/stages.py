@@ -90,9 +90,16 @@ class IndexSummary:
         s = self.seconds.get("generate", 0.0)
         return self.generated_output_tokens / s if s and self.generated_output_tokens else 0.0
 
-    def format(self) -> str:
+    def format(self, update: str | None = None) -> str:
+        """The summary printed after a build; after an add or a retry, ``update`` heads it (e.g. "documents
+        added to"), and its counts are of the documents added (or regenerated), but the kNN edges the whole index's."""
+        graph = (
+            f"{self.nodes} nodes added, {self.edges} kNN edges in the index"
+            if update
+            else f"{self.nodes} nodes, {self.edges} kNN edges"
+        )
         lines = [
-            f"index written to {self.out}",
+            f"{update or 'index written to'} {self.out}",
             f"  documents {self.documents} ({len(self.skipped)} skipped), chunks {self.chunks}",
             f"  pairs: {self.pairs_valid} valid, {self.pairs_kept} kept, dropped {dict(self.dropped) or 0}",
             f"  LLM: {self.generated_chunks} chunks generated, {self.cached_chunks} from cache"
@@ -105,7 +112,7 @@ class IndexSummary:
             + (f", {self.truncated_replies} replies hit max_tokens" if self.truncated_replies else ""),
             f"  tokens: {self.prompt_tokens} prompt, {self.output_tokens} output"
             + (f" ({self.generation_tokens_per_s:.0f} output tok/s this run)" if self.generated_output_tokens else ""),
-            f"  graph: {self.nodes} nodes, {self.edges} kNN edges",
+            f"  graph: {graph}",
             "  seconds: " + ", ".join(f"{stage} {s:.1f}" for stage, s in self.seconds.items()),
         ]
         if self.failed_chunks:
