@@ -1,3 +1,4 @@
+import codecs
 import json
 import os
 
@@ -6,6 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from qcg_gpu.errors import QCGError
+from qcg_gpu.indexing import documents
 from qcg_gpu.indexing.documents import SkipLog, read_documents
 
 
@@ -36,6 +38,26 @@ def test_directory_bad_files_are_skipped_with_reasons(tmp_path):
     assert skips["empty"] == "empty document"
     assert skips["latin1"].startswith("not UTF-8 (bad byte at offset 3)")
     assert skips["binary"].startswith("binary file")
+
+
+def test_a_byte_order_mark_is_not_text(tmp_path):
+    """Windows editors begin UTF-8 files with U+FEFF: it must not reach a chunk, nor spoil a JSON line."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("Hello there", encoding="utf-8-sig")
+    (tmp_path / "docs" / "blank.md").write_text(" \n", encoding="utf-8-sig")
+    assert _read(tmp_path / "docs") == ({"a": "Hello there"}, {"blank": "empty document"})
+    (tmp_path / "d.jsonl").write_text('{"doc_id": "d1", "text": "one"}\n', encoding="utf-8-sig")
+    (tmp_path / "d.json").write_text('[{"doc_id": "d1", "text": "one"}]', encoding="utf-8-sig")
+    assert _read(tmp_path / "d.jsonl") == _read(tmp_path / "d.json") == ({"d1": "one"}, {})
+
+
+@pytest.mark.parametrize("bom", [b"", codecs.BOM_UTF8])
+def test_a_bad_byte_after_the_first_block_is_found(tmp_path, monkeypatch, bom):
+    """The check decodes every block: a log that is ASCII for its first MiB, then Latin-1, crashed the build."""
+    monkeypatch.setattr(documents, "READ_BLOCK_BYTES", 8)
+    # 24 ASCII bytes, then an é split across blocks (offsets 27-28), then a Latin-1 é at offset 30
+    (tmp_path / "log.txt").write_bytes(bom + b"hello world\n" * 2 + "caf\u00e9 ".encode() + "\xe9\n".encode("latin-1"))
+    assert _read(tmp_path) == ({}, {"log": f"not UTF-8 (bad byte at offset {len(bom) + 30})"})
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")

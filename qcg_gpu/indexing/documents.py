@@ -102,7 +102,7 @@ def _read_directory_files(root: Path, files: list[Path], skips: SkipLog) -> Iter
 
 def _check_text_file(file: Path) -> str | None:
     """Why ``file`` cannot be used as a document, or None. Reads it once in blocks."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
+    decoder = codecs.getincrementaldecoder("utf-8-sig")()
     offset, has_text = 0, False
     try:
         with open(file, "rb") as fh:
@@ -110,9 +110,10 @@ def _check_text_file(file: Path) -> str | None:
                 if b"\x00" in block:
                     return "binary file (NUL bytes)"
                 try:
-                    has_text = has_text or bool(decoder.decode(block).strip())
-                except UnicodeDecodeError as exc:
-                    return f"not UTF-8 (bad byte at offset {offset + exc.start})"
+                    text = decoder.decode(block)  # every block, also once text was seen: a bad byte may come late
+                except UnicodeDecodeError as exc:  # exc.object ends where the block does (less a BOM, plus carried bytes)
+                    return f"not UTF-8 (bad byte at offset {offset + len(block) - len(exc.object) + exc.start})"
+                has_text = has_text or bool(text.strip())
                 offset += len(block)
             decoder.decode(b"", final=True)
     except UnicodeDecodeError:
@@ -131,7 +132,7 @@ def _stream_file(file: Path) -> Iterator[str]:
     MAX_PIECE_CHARS, then cut at the last space.
     """
     carry = ""
-    with open(file, encoding="utf-8", newline="") as fh:
+    with open(file, encoding="utf-8-sig", newline="") as fh:
         while block := fh.read(READ_BLOCK_BYTES):
             text = carry + block
             cut = _last_line_start(text)
@@ -191,7 +192,7 @@ class RecordNamer:
 
 def _read_json_list(path: Path, skips: SkipLog) -> Iterator[Document]:
     try:
-        records = json.loads(path.read_text(encoding="utf-8"))
+        records = json.loads(path.read_text(encoding="utf-8-sig"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise QCGError(f"{path}: not a UTF-8 JSON file ({exc})") from exc
     if not isinstance(records, list):
@@ -206,7 +207,7 @@ def _read_json_list(path: Path, skips: SkipLog) -> Iterator[Document]:
 
 def _read_jsonl(path: Path, skips: SkipLog) -> Iterator[Document]:
     name = RecordNamer()
-    with open(path, encoding="utf-8", errors="strict") as fh:
+    with open(path, encoding="utf-8-sig", errors="strict") as fh:
         lineno = 0
         while True:
             lineno += 1
