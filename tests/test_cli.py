@@ -101,7 +101,7 @@ def test_a_config_file_overrides_defaults_and_the_command_line_wins(tmp_path, su
 
     path = tmp_path / f"qcg{suffix}"
     if suffix == ".toml":
-        path.write_text(CONFIG_TOML)
+        path.write_text(CONFIG_TOML, encoding="utf-8-sig")  # with a byte-order mark, as Windows editors save it
     else:
         import tomllib
         import yaml

@@ -226,6 +226,18 @@ def test_jsonl_questions(tmp_path):
         load_dataset("jsonl", path)
 
 
+def test_questions_with_a_byte_order_mark_and_repeated_ids(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text(
+        '{"question": "Who?", "query_id": "a"}\n{"question": "Why?", "query_id": "b"}\n', encoding="utf-8-sig"
+    )
+    assert [q.qid for q in load_dataset("jsonl", path).questions] == ["a", "b"]
+    # a repeated id would pair two questions' scores as one in the comparisons
+    path.write_text('{"question": "Who?", "query_id": "a"}\n{"question": "Why?", "query_id": "a"}\n')
+    with pytest.raises(QCGError, match="q.jsonl: query id 'a' is given 2 times; each query needs its own"):
+        load_dataset("jsonl", path)
+
+
 def _write_jsonl(path, records):
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
 

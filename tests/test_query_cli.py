@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from qcg_gpu.answer import build_context
+from qcg_gpu.cli.query_io import read_queries
+from qcg_gpu.errors import QCGError
 from qcg_gpu.index_format import data_dir, load_table
 from qcg_gpu.indexing.chunking import load_tokenizer
 from qcg_gpu.retrieval import RetrievalConfig, Retriever
@@ -171,6 +173,15 @@ def test_a_queries_file_that_is_not_utf8_is_refused_in_one_line(small_index, tmp
     result = cli("query", small_index, "--queries", tmp_path / "q.txt")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"{tmp_path / 'q.txt'}:2: not UTF-8 text (byte 0xe9)" in result.stderr
+
+
+def test_queries_files_with_a_byte_order_mark_and_repeated_ids(tmp_path):
+    for name, text in [("q.txt", "Who is Adam?\n"), ("q.jsonl", '{"query": "Who is Adam?"}\n')]:
+        (tmp_path / name).write_text(text, encoding="utf-8-sig")  # as Windows editors save UTF-8
+        assert read_queries(path=tmp_path / name) == (["1"], ["Who is Adam?"])
+    (tmp_path / "q.jsonl").write_text('{"query_id": "a", "query": "x"}\n{"query_id": "a", "query": "y"}\n')
+    with pytest.raises(QCGError, match="q.jsonl: query id 'a' is given 2 times"):
+        read_queries(path=tmp_path / "q.jsonl")
 
 
 def test_missing_index_file_is_refused(small_index, tmp_path, cli):

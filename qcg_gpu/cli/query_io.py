@@ -13,6 +13,7 @@ import numpy as np
 from ..answer import answer_from_chunks
 from ..config import AnswerConfig
 from ..errors import QCGError
+from ..eval.datasets import refuse_repeated_ids
 from ..eval.runfiles import Ranking, chunk_docno, document_ranking
 from ..retrieval import QCGIndex, RetrievalConfig, RetrievalResult, trace_queries
 
@@ -59,14 +60,20 @@ def read_queries(query: str | None = None, path: str | Path | None = None) -> tu
     if not path.exists():
         raise QCGError(f"queries file not found: {path}")
     try:
-        content = path.read_text(encoding="utf-8")
+        content = path.read_text(encoding="utf-8-sig")  # -sig: a byte-order mark (Windows editors) is no text
     except UnicodeDecodeError as exc:
         where = path.read_bytes()[: exc.start].count(b"\n") + 1
         raise QCGError(f"{path}:{where}: not UTF-8 text (byte {exc.object[exc.start]:#04x}); save it as UTF-8") from exc
     except OSError as exc:
         raise QCGError(f"cannot read queries file {path}: {exc.strerror}") from exc
-    if path.suffix == ".json":
-        return _json_queries(path, content)
+    ids, texts = _json_queries(path, content) if path.suffix == ".json" else _line_queries(path, content)
+    if not texts:
+        raise QCGError(f"no queries in {path}")
+    refuse_repeated_ids(ids, path)
+    return ids, texts
+
+
+def _line_queries(path: Path, content: str) -> tuple[list[str], list[str]]:
     ids, texts = [], []
     for lineno, line in enumerate(content.splitlines(), 1):
         if not line.strip():
@@ -84,8 +91,6 @@ def read_queries(query: str | None = None, path: str | Path | None = None) -> tu
         else:
             ids.append(str(lineno))
             texts.append(line.strip())
-    if not texts:
-        raise QCGError(f"no queries in {path}")
     return ids, texts
 
 
@@ -106,8 +111,6 @@ def _json_queries(path: Path, content: str) -> tuple[list[str], list[str]]:
             raise QCGError(f"{path}: query {key}: needs a non-empty 'query' (or 'question') string")
         ids.append(str(qid))
         texts.append(text.strip())
-    if not texts:
-        raise QCGError(f"no queries in {path}")
     return ids, texts
 
 

@@ -24,7 +24,7 @@ def read_config_file(path: str | os.PathLike) -> dict[str, dict]:
 
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise QCGError(f"cannot read config file {path}: {exc.strerror}") from exc
     try:

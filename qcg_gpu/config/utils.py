@@ -31,7 +31,7 @@ def result_fields(section) -> list[str]:
 def prompt_text(path: str) -> str:
     """The system prompt held in a --prompt-file / --answer-prompt-file."""
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8-sig") as fh:
             text = fh.read().strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise QCGError(f"cannot read prompt file {path}: {exc}") from exc

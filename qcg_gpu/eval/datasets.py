@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,7 +74,17 @@ def load_dataset(name: str, path: str | Path) -> EvalSet:
         raise QCGError(
             f"no questions in {name} data {path}" + (f" ({evalset.problems[0]}, ...)" if evalset.problems else "")
         )
+    refuse_repeated_ids([q.qid for q in evalset.questions], path)
     return evalset
+
+
+def refuse_repeated_ids(ids: list[str], source: str | Path) -> None:
+    """One line for a query id given twice: results, run files and paired tests are matched by id."""
+    repeated = next((qid for qid, count in Counter(ids).items() if count > 1), None)
+    if repeated is not None:
+        raise QCGError(
+            f"{source}: query id {repeated!r} is given {ids.count(repeated)} times; each query needs its own"
+        )
 
 
 def without_evidence(evalset: EvalSet) -> list[Question]:
@@ -206,7 +217,7 @@ def write_multihop_corpus(path: str | Path, out: str | Path) -> int:
 
 def load_jsonl(path: Path) -> EvalSet:
     problems, questions = [], []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -260,7 +271,7 @@ def load_beir(path: Path) -> EvalSet:
     corpus_ids = {str(r["_id"]) for _, r in _jsonl_records(root / "corpus.jsonl") if "_id" in r}
     evidence: dict[str, list[str]] = {}
     problems: list[str] = []
-    for lineno, line in enumerate(qrels_file.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, line in enumerate(qrels_file.read_text(encoding="utf-8-sig").splitlines(), 1):
         fields = line.split("\t")
         if lineno == 1 and fields[0] == "query-id" or not line.strip():
             continue
@@ -289,7 +300,7 @@ def _beir_split(root: Path) -> Path:
 def _jsonl_records(path: Path):
     if not path.is_file():
         raise QCGError(f"{path} not found")
-    with open(path, encoding="utf-8") as fh:
+    with open(path, encoding="utf-8-sig") as fh:
         for lineno, line in enumerate(fh, 1):
             if line.strip():
                 try:
@@ -384,6 +395,6 @@ def _read_json(path: Path):
     if not path.exists():
         raise QCGError(f"{path} not found")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8-sig"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise QCGError(f"{path} is not valid JSON: {exc}") from exc
