@@ -75,7 +75,7 @@ class QCGRag:
             raise QCGError("questions must be a list of non-empty strings")
         if not questions:
             return []
-        config = replace(self.retrieval, top_k=top_k).validate() if top_k else self.retrieval
+        config = self.retrieval if top_k is None else replace(self.retrieval, top_k=top_k).validate()
         vectors = check_queries(self.embedder.encode(list(questions), "questions"), self.index.dim)
         result = search(self.index, vectors, config, self.method, self.embedder)
         doc_ids, texts = self.index.chunks.column("doc_id").to_pylist(), self.index.chunk_texts()

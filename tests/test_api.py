@@ -40,6 +40,8 @@ def test_retrieve_ranks_like_search(small_index, vllm_backend, embedder, method)
     for bad in ("one string", ["ok", "  "], [3]):
         with pytest.raises(QCGError, match="non-empty strings"):
             rag.retrieve(bad)
+    with pytest.raises(QCGError, match="top_k must be >= 1, got n=10, top_k=0"):  # was the config's 5, silently
+        rag.retrieve(QUESTIONS, top_k=0)
 
 
 def test_rag_qa_answers_and_scores(rag):
