@@ -141,6 +141,7 @@ def test_baselines_rank_chunks_by_their_expanded_text(small_index, embedder, cli
         (["--query", "  "], "the query is empty"),
         (["--query", "x", "--gamma", "3"], "gamma must be in [0, 2]"),
         (["--query", "x", "--n", "0"], "n and top_k must be >= 1"),
+        (["--query", "x", "--method", "naive", "--trace"], "--trace follows QCG's seeds and hops; --method naive"),
         (["--queries", "/no/such/file.txt"], "queries file not found"),
         (["--query", "x", "--retrieval-device", "bogus"], "--retrieval-device 'bogus': name cpu, cuda or cuda:N"),
         (["--query", "x", "--retrieval-device", "cuda:7"], "--retrieval-device cuda:7: this machine has"),

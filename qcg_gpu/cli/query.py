@@ -95,7 +95,9 @@ def run(args) -> int:
         raise QCGError(f"--ray runs QCG retrieval and answering; --method {args.method} retrieves in this process")
     if args.format != "jsonl" and args.trace:
         raise QCGError(f"--trace needs --format jsonl (a {args.format} run has no room for it)")
-    if args.html and not (args.trace and args.method == "qcg"):
+    if args.trace and args.method != "qcg":
+        raise QCGError(f"--trace follows QCG's seeds and hops; --method {args.method} ranks chunks without them")
+    if args.html and not args.trace:
         raise QCGError("--html draws QCG traces: pass --trace (with --method qcg)")
     query_io.check_output_file(args.html, "--html")
     if args.answers and args.embeddings:
@@ -125,9 +127,7 @@ def run(args) -> int:
     result = search(index, vectors, config, args.method, embedder, cluster if args.method == "qcg" else None)
     if args.method == "qcg":
         _say_which_found_no_seed(result, config)
-    records = query_io.describe(
-        index, ids, texts, result, config, vectors if args.trace and args.method == "qcg" else None
-    )
+    records = query_io.describe(index, ids, texts, result, config, vectors if args.trace else None)
     if args.answers:
         query_io.add_answers(records, texts or [], index, llm, resolve(AnswerConfig(), args).validate())
     if args.html:
