@@ -111,7 +111,7 @@ def _check_text_file(file: Path) -> str | None:
                     return "binary file (NUL bytes)"
                 try:
                     text = decoder.decode(block)  # every block, also once text was seen: a bad byte may come late
-                except UnicodeDecodeError as exc:  # exc.object ends where the block does (less a BOM, plus carried bytes)
+                except UnicodeDecodeError as exc:  # exc.object ends with the block (less a BOM, plus carried bytes)
                     return f"not UTF-8 (bad byte at offset {offset + len(block) - len(exc.object) + exc.start})"
                 has_text = has_text or bool(text.strip())
                 offset += len(block)
