@@ -1,6 +1,6 @@
 """qcg-gpu: a GPU-accelerated batch engine for Query-Centric Graph RAG."""
 
-from .capabilities import reproducible_mkl
+from .capabilities import reproducible_mkl, user_cache_where_writable
 from .config import (
     AnswerConfig,
     AnsweringLLMConfig,
@@ -16,6 +16,7 @@ from .errors import QCGError
 __version__ = "0.1.0"
 
 reproducible_mkl()  # before the first GEMM of this process (capabilities.MKL_REPRODUCIBLE)
+user_cache_where_writable()  # before numba, vLLM or Hugging Face look for their caches
 
 
 def build_index(*args, **kwargs):

@@ -12,6 +12,7 @@ import functools
 import importlib
 import importlib.util
 import os
+import tempfile
 import threading
 import warnings
 
@@ -39,6 +40,30 @@ def reproducible_mkl() -> dict[str, str]:
     """Set MKL_REPRODUCIBLE unless the user set MKL_CBWR; the value in force, as environment variables."""
     name, value = MKL_REPRODUCIBLE
     return {name: os.environ.setdefault(name, value)}
+
+
+MOVED_USER_CACHE: list[str] = []  # the user cache folder that could not be written, once replaced
+
+
+def user_cache_where_writable() -> None:
+    """Where the user's cache folder ($XDG_CACHE_HOME, else ~/.cache) cannot be written (HOME read-only
+    or missing, as in many containers), set XDG_CACHE_HOME to one in the temporary folder, for this
+    process and the engines and workers it starts: numba's kernels (whose ``cache=True`` fails at
+    import without a writable place), vLLM, Hugging Face and qcg-gpu keep their caches there."""
+    user_cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    if not can_write(user_cache):
+        os.environ["XDG_CACHE_HOME"] = os.path.join(tempfile.gettempdir(), f"cache-of-uid-{os.getuid()}")
+        MOVED_USER_CACHE.append(user_cache)
+
+
+def can_write(folder: str | os.PathLike) -> bool:
+    """Whether a file can be made in ``folder`` (made if missing)."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+        return True
+    except OSError:
+        return False
 
 
 _INSTALL_HINTS = {

@@ -11,6 +11,7 @@ against their sha256, then converted once to a HF directory in the user cache
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -21,9 +22,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .capabilities import require
+from .capabilities import MOVED_USER_CACHE, require
 from .errors import QCGError
 from .index_format import file_sha256
+from .log import logger
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2 (bundled)"
 
@@ -134,9 +136,21 @@ def packaged(name: str, models: tuple[PackagedModel, ...] = PACKAGED_MODELS) -> 
 
 
 def cache_dir() -> Path:
-    """qcg-gpu's cache folder: $QCG_CACHE_DIR, else $XDG_CACHE_HOME/qcg-gpu, else ~/.cache/qcg-gpu."""
-    root = os.environ.get("QCG_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "qcg-gpu"
-    return Path(root)
+    """qcg-gpu's cache folder: $QCG_CACHE_DIR, else $XDG_CACHE_HOME/qcg-gpu, else ~/.cache/qcg-gpu (which
+    :func:`~qcg_gpu.capabilities.user_cache_where_writable` moves to the temporary folder if unwritable)."""
+    if os.environ.get("QCG_CACHE_DIR"):
+        return Path(os.environ["QCG_CACHE_DIR"])
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qcg-gpu"
+    if MOVED_USER_CACHE:
+        _say_where_the_cache_went(root)
+    return root
+
+
+@functools.cache
+def _say_where_the_cache_went(root: Path) -> None:
+    logger.warning(
+        f"cannot write the cache folder {MOVED_USER_CACHE[0]}: caching in {root} (set QCG_CACHE_DIR to choose)"
+    )
 
 
 def _package_dir(package: str, install: str) -> Path:

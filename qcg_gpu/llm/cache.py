@@ -31,11 +31,14 @@ SHARE_EVERY_S = 30.0  # how often a run rewrites its shared replies file (--repl
 class GenerationCache:
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, timeout=60)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS replies (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        self._db.commit()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, timeout=60)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("CREATE TABLE IF NOT EXISTS replies (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            self._db.commit()
+        except (OSError, sqlite3.Error) as exc:
+            raise QCGError(f"cannot open the cache {self.path}: {exc}") from exc
         self.corrupt = 0  # entries found unreadable (treated as missing and regenerated)
         self.unreadable_stored = 0  # rows of imported Parquet files that held no reply (skipped, so regenerated)
 
