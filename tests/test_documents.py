@@ -51,6 +51,24 @@ def test_a_byte_order_mark_is_not_text(tmp_path):
     assert _read(tmp_path / "d.jsonl") == _read(tmp_path / "d.json") == ({"d1": "one"}, {})
 
 
+def test_names_and_texts_that_are_not_unicode_are_skipped(tmp_path):
+    """A Latin-1 file name, or a JSON line escaping half a surrogate pair: the index tables (UTF-8) could
+    not hold them, and the build ended in a traceback after all its LLM work."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "ok.txt").write_text("fine")
+    with open(os.fsencode(tmp_path / "docs") + b"/caf\xe9.txt", "w") as fh:
+        fh.write("a readable text")
+    assert _read(tmp_path / "docs") == ({"ok": "fine"}, {"caf\\xe9": "file name is not UTF-8"})
+    lines = [
+        '{"doc_id": "a", "text": "half \\udce9 a pair"}',
+        '{"doc_id": "b\\ud800", "text": "x"}',
+        '{"doc_id": "c", "text": "ok"}',
+    ]
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
+    lone = "doc_id or text holds a lone surrogate (not Unicode text)"
+    assert _read(tmp_path / "d.jsonl") == ({"c": "ok"}, {"d.jsonl:1": lone, "d.jsonl:2": lone})
+
+
 @pytest.mark.parametrize("bom", [b"", codecs.BOM_UTF8])
 def test_a_bad_byte_after_the_first_block_is_found(tmp_path, monkeypatch, bom):
     """The check decodes every block: a log that is ASCII for its first MiB, then Latin-1, crashed the build."""
