@@ -226,7 +226,7 @@ def test_jsonl_questions(tmp_path):
         load_dataset("jsonl", path)
 
 
-def test_questions_with_a_byte_order_mark_and_repeated_ids(tmp_path):
+def test_questions_with_a_byte_order_mark_repeated_ids_or_lone_surrogates(tmp_path):
     path = tmp_path / "q.jsonl"
     path.write_text(
         '{"question": "Who?", "query_id": "a"}\n{"question": "Why?", "query_id": "b"}\n', encoding="utf-8-sig"
@@ -235,6 +235,9 @@ def test_questions_with_a_byte_order_mark_and_repeated_ids(tmp_path):
     # a repeated id would pair two questions' scores as one in the comparisons
     path.write_text('{"question": "Who?", "query_id": "a"}\n{"question": "Why?", "query_id": "a"}\n')
     with pytest.raises(QCGError, match="q.jsonl: query id 'a' is given 2 times; each query needs its own"):
+        load_dataset("jsonl", path)
+    path.write_text('{"question": "Who is caf\\udce9?"}\n')  # half a surrogate pair: the embedder crashed
+    with pytest.raises(QCGError, match="q.jsonl: query 1 holds a lone surrogate"):
         load_dataset("jsonl", path)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -176,13 +177,19 @@ def test_a_queries_file_that_is_not_utf8_is_refused_in_one_line(small_index, tmp
     assert f"{tmp_path / 'q.txt'}:2: not UTF-8 text (byte 0xe9)" in result.stderr
 
 
-def test_queries_files_with_a_byte_order_mark_and_repeated_ids(tmp_path):
+def test_queries_with_a_byte_order_mark_repeated_ids_or_lone_surrogates(tmp_path):
     for name, text in [("q.txt", "Who is Adam?\n"), ("q.jsonl", '{"query": "Who is Adam?"}\n')]:
         (tmp_path / name).write_text(text, encoding="utf-8-sig")  # as Windows editors save UTF-8
         assert read_queries(path=tmp_path / name) == (["1"], ["Who is Adam?"])
     (tmp_path / "q.jsonl").write_text('{"query_id": "a", "query": "x"}\n{"query_id": "a", "query": "y"}\n')
     with pytest.raises(QCGError, match="q.jsonl: query id 'a' is given 2 times"):
         read_queries(path=tmp_path / "q.jsonl")
+    # half a surrogate pair, escaped in JSON or from bytes that are not UTF-8 in argv: the embedder crashed
+    (tmp_path / "q.jsonl").write_text('{"query": "ok"}\n{"query": "caf\\udce9"}\n')
+    with pytest.raises(QCGError, match="q.jsonl: query 2 holds a lone surrogate"):
+        read_queries(path=tmp_path / "q.jsonl")
+    with pytest.raises(QCGError, match="--query: query 1 holds a lone surrogate"):
+        read_queries(os.fsdecode(b"caf\xe9"))
 
 
 def test_missing_index_file_is_refused(small_index, tmp_path, cli):

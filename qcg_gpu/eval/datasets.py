@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import QCGError
-from ..indexing.documents import RecordNamer, record_text
+from ..indexing.documents import RecordNamer, is_unicode, record_text
 
 DATASETS = ("lihuaworld", "multihop-rag", "jsonl", "beir", "hipporag")
 NULL_TYPE = "null"  # questions whose correct answer is to abstain
@@ -74,12 +74,16 @@ def load_dataset(name: str, path: str | Path) -> EvalSet:
         raise QCGError(
             f"no questions in {name} data {path}" + (f" ({evalset.problems[0]}, ...)" if evalset.problems else "")
         )
-    refuse_repeated_ids([q.qid for q in evalset.questions], path)
+    check_queries([q.qid for q in evalset.questions], [q.question for q in evalset.questions], path)
     return evalset
 
 
-def refuse_repeated_ids(ids: list[str], source: str | Path) -> None:
-    """One line for a query id given twice: results, run files and paired tests are matched by id."""
+def check_queries(ids: list[str], texts: list[str], source: str | Path) -> None:
+    """One line for a query id given twice (results, run files and paired tests are matched by id), or an
+    id or text that is not Unicode (JSON can escape half a surrogate pair): the embedder would crash."""
+    broken = next((i for i, (qid, text) in enumerate(zip(ids, texts)) if not is_unicode(qid + text)), None)
+    if broken is not None:
+        raise QCGError(f"{source}: query {broken + 1} holds a lone surrogate (half a UTF-16 pair), not Unicode text")
     repeated = next((qid for qid, count in Counter(ids).items() if count > 1), None)
     if repeated is not None:
         raise QCGError(

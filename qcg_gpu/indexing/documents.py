@@ -93,7 +93,7 @@ def _read_directory(root: Path, skips: SkipLog) -> Iterator[Document]:
 def _read_directory_files(root: Path, files: list[Path], skips: SkipLog) -> Iterator[Document]:
     for file in files:
         doc_id = file.relative_to(root).with_suffix("").as_posix()
-        if not _is_unicode(doc_id):  # os.fsdecode keeps undecodable bytes as lone surrogates
+        if not is_unicode(doc_id):  # os.fsdecode keeps undecodable bytes as lone surrogates
             skips.add(os.fsencode(doc_id).decode("utf-8", "backslashreplace"), "file name is not UTF-8")
             continue
         problem = _check_text_file(file)
@@ -166,7 +166,7 @@ def _record_document(doc_id, text, where: str, skips: SkipLog) -> Document | Non
     if not isinstance(text, str):
         skips.add(str(doc_id), "missing or non-string text")
         return None
-    if not (_is_unicode(str(doc_id)) and _is_unicode(text)):  # JSON may escape half a surrogate pair
+    if not (is_unicode(str(doc_id)) and is_unicode(text)):  # JSON may escape half a surrogate pair
         skips.add(where, "doc_id or text holds a lone surrogate (not Unicode text)")
         return None
     if not text.strip():
@@ -175,7 +175,7 @@ def _record_document(doc_id, text, where: str, skips: SkipLog) -> Document | Non
     return Document(str(doc_id), functools.partial(iter, (text,)))
 
 
-def _is_unicode(text: str) -> bool:
+def is_unicode(text: str) -> bool:
     try:
         text.encode("utf-8")
         return True
