@@ -69,12 +69,14 @@ class QCGRag:
 
     def retrieve(self, questions: list[str], top_k: int | None = None) -> list[QuerySolution]:
         """Each question's top-K chunks (``top_k`` overrides the retrieval config's)."""
+        from .eval.datasets import check_query_texts
         from .retrieval import check_queries, search
 
         if isinstance(questions, str) or not all(isinstance(q, str) and q.strip() for q in questions):
             raise QCGError("questions must be a list of non-empty strings")
         if not questions:
             return []
+        check_query_texts([str(i) for i in range(len(questions))], list(questions), "questions")
         config = self.retrieval if top_k is None else replace(self.retrieval, top_k=top_k).validate()
         vectors = check_queries(self.embedder.encode(list(questions), "questions"), self.index.dim)
         result = search(self.index, vectors, config, self.method, self.embedder)

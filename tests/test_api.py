@@ -42,6 +42,8 @@ def test_retrieve_ranks_like_search(small_index, vllm_backend, embedder, method)
             rag.retrieve(bad)
     with pytest.raises(QCGError, match="top_k must be >= 1, got n=10, top_k=0"):  # was the config's 5, silently
         rag.retrieve(QUESTIONS, top_k=0)
+    with pytest.raises(QCGError, match="questions: query 2 holds a lone surrogate"):  # the tokenizer crashed
+        rag.retrieve(["Who is Adam?", "caf\udce9"])
 
 
 def test_rag_qa_answers_and_scores(rag):

@@ -13,7 +13,7 @@ import numpy as np
 from ..answer import answer_from_chunks
 from ..config import AnswerConfig
 from ..errors import QCGError
-from ..eval.datasets import check_queries
+from ..eval.datasets import check_query_texts
 from ..eval.runfiles import Ranking, chunk_docno, document_ranking
 from ..retrieval import QCGIndex, RetrievalConfig, RetrievalResult, trace_queries
 
@@ -53,7 +53,7 @@ def read_queries(query: str | None = None, path: str | Path | None = None) -> tu
     if query is not None:
         if not query.strip():
             raise QCGError("the query is empty")
-        check_queries(["0"], [query], "--query")  # bytes that are not UTF-8 reach argv as lone surrogates
+        check_query_texts(["0"], [query], "--query")  # bytes that are not UTF-8 reach argv as lone surrogates
         return ["0"], [query.strip()]
     if path is None:
         raise QCGError("give a query or a queries file")
@@ -70,7 +70,7 @@ def read_queries(query: str | None = None, path: str | Path | None = None) -> tu
     ids, texts = _json_queries(path, content) if path.suffix == ".json" else _line_queries(path, content)
     if not texts:
         raise QCGError(f"no queries in {path}")
-    check_queries(ids, texts, path)
+    check_query_texts(ids, texts, path)
     return ids, texts
 
 

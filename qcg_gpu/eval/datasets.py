@@ -74,11 +74,11 @@ def load_dataset(name: str, path: str | Path) -> EvalSet:
         raise QCGError(
             f"no questions in {name} data {path}" + (f" ({evalset.problems[0]}, ...)" if evalset.problems else "")
         )
-    check_queries([q.qid for q in evalset.questions], [q.question for q in evalset.questions], path)
+    check_query_texts([q.qid for q in evalset.questions], [q.question for q in evalset.questions], path)
     return evalset
 
 
-def check_queries(ids: list[str], texts: list[str], source: str | Path) -> None:
+def check_query_texts(ids: list[str], texts: list[str], source: str | Path) -> None:
     """One line for a query id given twice (results, run files and paired tests are matched by id), or an
     id or text that is not Unicode (JSON can escape half a surrogate pair): the embedder would crash."""
     broken = next((i for i, (qid, text) in enumerate(zip(ids, texts)) if not is_unicode(qid + text)), None)
