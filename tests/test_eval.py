@@ -273,6 +273,11 @@ def test_eval_cli_bad_input(small_index, questions_file, tmp_path, cli):
         "qcg,graphrag",
     )
     assert result.returncode == 2 and "unknown method ['graphrag']" in result.stderr
+    result = cli(
+        *("eval", "--dataset", "jsonl", "--data", questions_file, "--index", small_index, "--out", tmp_path / "o"),
+        *("--compare-index", f"a={small_index}", "--compare-index", f"a={tmp_path}"),
+    )  # one label's rows were the second index's, silently
+    assert result.returncode == 2 and "--compare-index: the label 'a' is given twice" in result.stderr
     result = cli("eval", "--dataset", "jsonl", "--data", questions_file, "--index", tmp_path, "--out", tmp_path / "o")
     assert result.returncode == 2 and "is not a qcg index" in result.stderr
     missing = tmp_path / "answers.parquet"

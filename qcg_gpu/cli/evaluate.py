@@ -182,5 +182,7 @@ def _labelled(specs: list[str] | None) -> list[tuple[str, str]]:
         label, sep, path = spec.partition("=")
         if not sep or not label or not path:
             raise QCGError(f"--compare-index takes LABEL=PATH, got {spec!r}")
+        if label in dict(pairs):  # its methods' rows would be one index's or the other's
+            raise QCGError(f"--compare-index: the label {label!r} is given twice; give each index its own")
         pairs.append((label, path))
     return pairs
