@@ -385,6 +385,9 @@ def test_init_writes_every_default(tmp_path, capsys):
         defaults = {f.name: f.default for f in dataclasses.fields(section) if f.default is not None}
         assert written[name] == defaults, name
     assert main(["init", str(path)]) == 2 and "exists (--force overwrites it)" in capsys.readouterr().err
+    missing = tmp_path / "no-such-folder" / "qcg.toml"  # was a FileNotFoundError traceback
+    assert main(["init", str(missing)]) == 2
+    assert f"qcg: error: cannot write {missing}: No such file or directory" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

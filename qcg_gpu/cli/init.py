@@ -26,6 +26,9 @@ def run(args) -> int:
         raise QCGError(f"{path}: qcg init writes TOML; name the file .toml")
     if path.exists() and not args.force:
         raise QCGError(f"{path} exists (--force overwrites it)")
-    path.write_text(config_file_text(), encoding="utf-8")
+    try:
+        path.write_text(config_file_text(), encoding="utf-8")
+    except OSError as exc:  # a missing folder, a folder by that name, no permission
+        raise QCGError(f"cannot write {path}: {exc.strerror}") from exc
     print(f"wrote {path}: every option at its default; use it with --config {path}")
     return 0
