@@ -406,6 +406,22 @@ def test_a_zero_embedding_batch_is_refused_before_any_model_loads(tmp_path, cli)
     assert result.returncode == 2 and "--embed-batch-size must be >= 1, got 0" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "command, option",
+    [
+        (["corpus", "--dataset", "multihop-rag", "--data", "DATA"], "--out"),
+        (["bench", "--parts", "retrieval", "--nodes", "1000", "--batch", "10", "--repeat", "1"], "--json"),
+    ],
+)
+def test_an_output_file_that_cannot_be_written_is_refused_before_any_work(tmp_path, cli, command, option):
+    """Were tracebacks: qcg corpus's at once, qcg bench's after its measurements."""
+    (tmp_path / "corpus.json").write_text(json.dumps([{"title": "T", "body": "B", "url": "u"}]))
+    command = [tmp_path if arg == "DATA" else arg for arg in command]
+    for out in (tmp_path / "missing" / "out.json", tmp_path):
+        result = cli(*command, option, out)
+        assert result.returncode == 2 and f"qcg: error: {option} {out}" in result.stderr
+
+
 def test_write_failures_end_in_one_line_and_publish_nothing(tmp_path, cli, monkeypatch):
     import errno
 

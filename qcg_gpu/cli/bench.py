@@ -25,8 +25,10 @@ def add_parser(commands) -> None:
 def run(args) -> int:
     from ..eval.bench import format_table, write_json
     from ..eval.bench import run as measure
+    from .query_io import check_output_file
 
     config = resolve(BenchConfig(), args).validate()
+    check_output_file(config.json, "--json")  # before the measurements, which take minutes
     retrieval = resolve(RetrievalConfig(), args)
     settings = IndexConfig()  # the parts measured read [graph] and [generation]: defaults < config file < options
     for section in (settings.graph, settings.generation):  # (--nodes and --device are the bench's own)
