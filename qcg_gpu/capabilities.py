@@ -56,7 +56,7 @@ def user_cache_where_writable() -> None:
         MOVED_USER_CACHE.append(user_cache)
 
 
-def can_write(folder: str | os.PathLike) -> bool:
+def can_write(folder: str) -> bool:
     """Whether a file can be made in ``folder`` (made if missing)."""
     try:
         os.makedirs(folder, exist_ok=True)

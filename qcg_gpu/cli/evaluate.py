@@ -177,7 +177,7 @@ def _replies_note(config, *llms) -> str:
 
 
 def _labelled(specs: list[str] | None) -> list[tuple[str, str]]:
-    pairs = []
+    pairs: list[tuple[str, str]] = []
     for spec in specs or []:
         label, sep, path = spec.partition("=")
         if not sep or not label or not path:
