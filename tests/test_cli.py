@@ -422,6 +422,18 @@ def test_an_output_file_that_cannot_be_written_is_refused_before_any_work(tmp_pa
         assert result.returncode == 2 and f"qcg: error: {option} {out}" in result.stderr
 
 
+@pytest.mark.parametrize("option", ["--replies-out", "--answers-out"])
+def test_a_shared_replies_file_that_cannot_be_written_is_refused_before_any_work(tmp_path, cli, option):
+    """Was a traceback when the run first wrote it: after generating, for a folder given as --replies-out."""
+    (tmp_path / "a-file").write_text("")
+    command = ["index", "build", tmp_path, tmp_path / "idx"]
+    if option == "--answers-out":
+        command = ["eval", "--dataset", "jsonl", "--data", tmp_path, "--index", tmp_path, "--out", tmp_path / "o"]
+    for out, problem in ((tmp_path, "is a folder"), (tmp_path / "a-file" / "r.parquet", "a-file is not a folder")):
+        result = cli(*command, option, out)
+        assert result.returncode == 2 and f"qcg: error: {option} {out}" in result.stderr and problem in result.stderr
+
+
 def test_write_failures_end_in_one_line_and_publish_nothing(tmp_path, cli, monkeypatch):
     import errno
 

@@ -23,9 +23,9 @@ def add_parser(commands) -> None:
 
 
 def run(args) -> int:
+    from ..config.utils import check_output_file
     from ..eval.bench import format_table, write_json
     from ..eval.bench import run as measure
-    from .query_io import check_output_file
 
     config = resolve(BenchConfig(), args).validate()
     check_output_file(config.json, "--json")  # before the measurements, which take minutes

@@ -21,8 +21,8 @@ def add_parser(commands) -> None:
 
 
 def run(args) -> int:
+    from ..config.utils import check_output_file
     from ..eval.datasets import write_multihop_corpus
-    from .query_io import check_output_file
 
     check_output_file(args.out)
     print(f"wrote {write_multihop_corpus(args.data, args.out)} articles to {args.out}")

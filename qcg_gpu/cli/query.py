@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from ..config import AnswerConfig
+from ..config.utils import check_output_file
 from ..errors import QCGError
 from ..eval.runfiles import run_lines
 from ..log import logger
@@ -99,10 +100,10 @@ def run(args) -> int:
         raise QCGError(f"--trace follows QCG's seeds and hops; --method {args.method} ranks chunks without them")
     if args.html and not args.trace:
         raise QCGError("--html draws QCG traces: pass --trace (with --method qcg)")
-    query_io.check_output_file(args.html, "--html")
+    check_output_file(args.html, "--html")
     if args.answers and args.embeddings:
         raise QCGError("qcg answer needs query texts (--query or --queries), not --embeddings")
-    query_io.check_output_file(args.out)
+    check_output_file(args.out)
     ray = ray_config(args)
     # on the shards of a sharded index, the workers hold the nodes and this process none of them
     on_shards = ray.ray and args.method == "qcg" and ray_mode(ray.ray_mode, read_manifest(args.index)) == "shards"

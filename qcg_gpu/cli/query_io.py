@@ -4,7 +4,6 @@ index's own embedder, retrieve, and describe each result as one JSON object."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -16,21 +15,6 @@ from ..errors import QCGError
 from ..eval.datasets import check_query_texts
 from ..eval.runfiles import Ranking, chunk_docno, document_ranking
 from ..retrieval import QCGIndex, RetrievalConfig, RetrievalResult, trace_queries
-
-
-def check_output_file(path: str | Path | None, option: str = "--out") -> None:
-    """Refuse an output file (``option``) that could not be written, before any work: a missing folder,
-    a folder, a file as its folder, no write permission."""
-    if path is None:
-        return
-    path = Path(path)
-    if path.is_dir():
-        raise QCGError(f"{option} {path} is a folder: name a file")
-    if not path.parent.is_dir():
-        problem = "is not a folder" if path.parent.exists() else "does not exist"
-        raise QCGError(f"{option} {path}: {path.parent} {problem}")
-    if not os.access(path if path.exists() else path.parent, os.W_OK):
-        raise QCGError(f"{option} {path}: not writable")
 
 
 def write_output(path: str | Path | None, lines: list[str]) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..errors import QCGError
 from ..models import packaged_llm
-from .utils import check_choices, option, prompt_text
+from .utils import check_choices, check_output_file, option, prompt_text
 
 
 @dataclass
@@ -244,6 +244,7 @@ class ReplyStoreConfig:
     def validate(self):
         if self.replies_in and not os.path.isfile(self.replies_in):
             raise QCGError(f"stored replies file not found: {self.replies_in}")
+        check_output_file(self.replies_out, "--replies-out", folders_made=True)
         return self
 
 

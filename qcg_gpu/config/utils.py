@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import field
+from pathlib import Path
 
 from ..errors import QCGError
 
@@ -47,3 +49,21 @@ def comma_names(text: str, allowed, what: str) -> list[str]:
     if unknown or not names:
         raise QCGError(f"unknown {what} {unknown or text!r}; choose from {', '.join(allowed)}")
     return list(dict.fromkeys(names))
+
+
+def check_output_file(path: str | os.PathLike | None, option: str = "--out", folders_made: bool = False) -> None:
+    """Refuse an output file (``option``) that could not be written, before any work: a folder, a file as
+    its folder, no write permission, or a missing folder (unless its writer makes the ``folders_made``)."""
+    if path is None:
+        return
+    path = Path(path)
+    if path.is_dir():
+        raise QCGError(f"{option} {path} is a folder: name a file")
+    folder = path.parent
+    while folders_made and not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        problem = "is not a folder" if folder.exists() else "does not exist"
+        raise QCGError(f"{option} {path}: {folder} {problem}")
+    if not os.access(path if path.exists() else folder, os.W_OK):
+        raise QCGError(f"{option} {path}: not writable")
