@@ -130,3 +130,15 @@ def test_answer_through_openai_server(vllm_server, small_index, cli):
     assert result.returncode == 0, result.stderr[-2000:]
     [record] = [json.loads(line) for line in result.stdout.splitlines()]
     assert record["chunks"] and isinstance(record["answer"], str) and record["answer"]
+
+
+@pytest.mark.llm
+def test_answers_that_fail_are_written_with_their_error_and_exit_3(small_index, tmp_path, cli):
+    """A server that is down: each record keeps its chunks and the error, and the exit code says it (was 0)."""
+    (tmp_path / "q.txt").write_text("Who is Adam?\nWhere does Li Hua live?\n")
+    down = ("--backend", "openai", "--base-url", "http://127.0.0.1:9/v1", "--model", "smollm2", "--max-retries", 0)
+    result = cli("answer", small_index, "--queries", tmp_path / "q.txt", "--gamma", "1.0", *down)
+    assert result.returncode == 3
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(records) == 2 and all(r["chunks"] and r["answer"] is None and r["error"] for r in records)
+    assert "2 of 2 answers failed (APIConnectionError" in result.stderr

@@ -154,6 +154,14 @@ def test_bad_query_input(small_index, args, message, cli):
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
+def test_answer_settings_are_checked_before_retrieval(small_index, cli):
+    # gamma 2 seeds nothing, and a retrieval would say so before the refusal (it did)
+    result = cli("answer", small_index, "--query", "x", "--gamma", "2.0", "--max-answer-tokens", "0", "--quiet")
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        "qcg: error: max_context_tokens and max_answer_tokens must be >= 1, got 6000, 0"
+    ]
+
+
 @pytest.mark.parametrize("out", ["missing/out.jsonl", "folder", "file/out.jsonl"])
 def test_an_unwritable_out_is_refused_before_any_work(small_index, tmp_path, out, cli):
     (tmp_path / "folder").mkdir()

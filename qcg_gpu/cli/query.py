@@ -104,6 +104,7 @@ def run(args) -> int:
     if args.answers and args.embeddings:
         raise QCGError("qcg answer needs query texts (--query or --queries), not --embeddings")
     check_output_file(args.out)
+    answer_config = resolve(AnswerConfig(), args).validate() if args.answers else None  # before any retrieval
     ray = ray_config(args)
     # on the shards of a sharded index, the workers hold the nodes and this process none of them
     on_shards = ray.ray and args.method == "qcg" and ray_mode(ray.ray_mode, read_manifest(args.index)) == "shards"
@@ -129,8 +130,8 @@ def run(args) -> int:
     if args.method == "qcg":
         _say_which_found_no_seed(result, config)
     records = query_io.describe(index, ids, texts, result, config, vectors if args.trace else None)
-    if args.answers:
-        query_io.add_answers(records, texts or [], index, llm, resolve(AnswerConfig(), args).validate())
+    if answer_config:
+        query_io.add_answers(records, texts or [], index, llm, answer_config)
     if args.html:
         from ..eval.report import write_query_page
         from ..retrieval.trace import readable_traces
@@ -147,6 +148,10 @@ def run(args) -> int:
             for line in run_lines(record["query_id"], ranking, args.method)
         ]
     query_io.write_output(args.out, lines)
+    failed = [record["error"] for record in records if "error" in record]
+    if failed:  # as a build whose LLM requests failed: the work is kept, and the exit code says it
+        logger.warning(f"{len(failed)} of {len(records)} answers failed ({failed[0]}); each record holds its error")
+        return 3
     return 0
 
 
