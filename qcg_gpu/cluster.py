@@ -7,11 +7,27 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import socket
 
 from .capabilities import numba_threads_to_share, reproducible_mkl, require
 from .config import RayConfig
 from .errors import QCGError
 from .log import progress_bar
+
+
+def _refuse_unreachable(address: str) -> None:
+    """A HOST:PORT (or ray://HOST:PORT) that nothing answers: one line in seconds, where Ray would retry
+    for minutes. ``local`` and ``auto`` are Ray's to resolve."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if address in ("local", "auto") or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
+    except OSError as exc:
+        raise QCGError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}") from exc
+
+
+REACH_TIMEOUT_S = 10
 
 
 class RayCluster:
@@ -22,6 +38,7 @@ class RayCluster:
         self.config = config.validate()
         if not self.ray.is_initialized():
             local = config.ray_address == "local"
+            _refuse_unreachable(config.ray_address)
             try:
                 self.ray.init(
                     address=None if local else config.ray_address,

@@ -236,6 +236,17 @@ def test_ray_where_nothing_would_run_on_it_is_refused(tmp_path):
     assert done.returncode == 2 and "retrieves in this process" in done.stderr, done.stderr
 
 
+def test_a_cluster_address_that_nothing_answers_is_refused_in_seconds(tmp_path):
+    """Ray retried a mistyped --ray-address for minutes (over 3 here), printing a warning every few seconds."""
+    docs = sample_docs(tmp_path / "docs", 1)
+    for address in ("127.0.0.1:9", "ray://127.0.0.1:9"):  # the discard port: nothing listens
+        done = qcg("index", "build", docs, tmp_path / "idx", "--ray", "--ray-address", address, timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert (
+            done.stderr.splitlines()[-1] == f"qcg: error: cannot reach the Ray cluster at {address}: Connection refused"
+        )
+
+
 @pytest.mark.llm
 def test_add_on_ray_refuses_other_settings_before_starting_a_cluster(small_index, tmp_path):
     docs = sample_docs(tmp_path / "docs", 1)
