@@ -14,6 +14,8 @@ from .config import RayConfig
 from .errors import QCGError
 from .log import progress_bar
 
+REACH_TIMEOUT_S = 10  # a cluster's address that answers no TCP connection in this time is refused
+
 
 def _refuse_unreachable(address: str) -> None:
     """A HOST:PORT (or ray://HOST:PORT) that nothing answers: one line in seconds, where Ray would retry
@@ -25,9 +27,6 @@ def _refuse_unreachable(address: str) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
     except OSError as exc:
         raise QCGError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}") from exc
-
-
-REACH_TIMEOUT_S = 10
 
 
 class RayCluster:
