@@ -52,7 +52,12 @@ def user_cache_where_writable() -> None:
     import without a writable place), vLLM, Hugging Face and qcg-gpu keep their caches there."""
     user_cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     if not can_write(user_cache):
-        os.environ["XDG_CACHE_HOME"] = os.path.join(tempfile.gettempdir(), f"cache-of-uid-{os.getuid()}")
+        moved = os.path.join(tempfile.gettempdir(), f"cache-of-uid-{os.getuid()}")
+        with contextlib.suppress(OSError):
+            os.makedirs(moved, mode=0o700, exist_ok=True)
+        if not (os.path.isdir(moved) and os.stat(moved).st_uid == os.getuid() and can_write(moved)):
+            moved = tempfile.mkdtemp(prefix="qcg-gpu-cache-")  # not another user's folder, in a shared /tmp
+        os.environ["XDG_CACHE_HOME"] = moved
         MOVED_USER_CACHE.append(user_cache)
 
 

@@ -6,6 +6,8 @@ import hashlib
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -137,3 +139,20 @@ def test_a_user_cache_folder_that_cannot_be_written_moves_to_the_temporary_one(t
     assert (
         f"qcg: error: cannot open the cache {tmp_path / 'a-file' / 'qcg' / 'doc2query-cache.sqlite'}" in result.stderr
     )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
+def test_the_moved_cache_folder_is_never_another_user_s(tmp_path, monkeypatch):
+    """In a shared /tmp another user could make cache-of-uid-N first, and so own our caches."""
+    from qcg_gpu import capabilities
+
+    (tmp_path / "a-file").write_text("")
+    theirs = tmp_path / f"cache-of-uid-{os.getuid()}"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(capabilities, "MOVED_USER_CACHE", [])
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file" / "cache"))
+    capabilities.user_cache_where_writable()
+    moved = Path(os.environ["XDG_CACHE_HOME"])
+    assert moved.parent == tmp_path and moved != theirs and moved.stat().st_uid == os.getuid()
