@@ -1,5 +1,8 @@
 import sqlite3
 
+import pytest
+
+from qcg_gpu.errors import QCGError
 from qcg_gpu.llm.cache import GenerationCache
 
 
@@ -25,6 +28,12 @@ def test_corrupt_entries_are_misses_and_counted(tmp_path):
     cache = GenerationCache(path)
     assert cache.get_many(["good", "bad_json", "bad_shape"]) == {"good": {"text": "ok"}}
     assert cache.corrupt == 2
+
+
+def test_a_cache_file_that_is_not_a_database_is_refused_in_one_line(tmp_path):
+    (tmp_path / "cache.sqlite").write_bytes(bytes(range(256)) * 20)  # was a sqlite3.DatabaseError traceback
+    with pytest.raises(QCGError, match=r"cannot open the cache .*cache.sqlite: file is not a database"):
+        GenerationCache(tmp_path / "cache.sqlite")
 
 
 def test_many_keys_beyond_sqlite_parameter_limit(tmp_path):
