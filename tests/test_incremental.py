@@ -11,7 +11,7 @@ from qcg_gpu import build_index
 from qcg_gpu.embedding import Embedder
 from qcg_gpu.errors import QCGError
 from qcg_gpu.index_format import index_shards, load_array, load_table, read_manifest
-from qcg_gpu.indexing.incremental import _Stored, add_documents, remove_documents
+from qcg_gpu.indexing.incremental import _Stored, add_documents, remove_documents, retry_failed
 
 from .conftest import SAMPLE_DOCS, sample_docs
 from .test_index_build import Recording, _config
@@ -148,6 +148,9 @@ def test_bad_updates_are_refused(tmp_path, embedder):
         add_documents(tmp_path / "idx", old, config, embedder=embedder)
     with pytest.raises(QCGError, match="not in the index"):
         remove_documents(tmp_path / "idx", ["no-such-doc"])
+    for ids in ([], "doc"):  # nothing (which wrote a new version), or a string (removed letter by letter)
+        with pytest.raises(QCGError, match="give the ids of the documents to remove as a list"):
+            remove_documents(tmp_path / "idx", ids)
     with pytest.raises(QCGError, match="empty index"):
         remove_documents(tmp_path / "idx", [p.stem for p in old.glob("*.txt")])
     other = _config(tmp_path, nodes="sentence")
@@ -160,6 +163,17 @@ def test_bad_updates_are_refused(tmp_path, embedder):
     with pytest.raises(QCGError, match=f"in batches of {embedder.batch_size} texts; this embedder uses 7"):
         add_documents(tmp_path / "idx", new, config, embedder=Embedder(device="cpu", batch_size=7))
     assert read_manifest(tmp_path / "idx") == before
+
+
+def test_updates_of_a_path_that_holds_no_index_are_refused_and_leave_nothing_there(tmp_path):
+    (tmp_path / "folder").mkdir()
+    for index in (tmp_path / "folder", tmp_path / "missing"):  # the missing one was a FileNotFoundError
+        for update in (add_documents, retry_failed):
+            with pytest.raises(QCGError, match=f"{index} is not a qcg index"):
+                update(index, tmp_path) if update is add_documents else update(index)
+        with pytest.raises(QCGError, match=f"{index} is not a qcg index"):
+            remove_documents(index, ["doc"])
+    assert list((tmp_path / "folder").iterdir()) == []  # no lock file left in a folder that is no index
 
 
 def test_command_line_add_and_remove(tmp_path, cli):

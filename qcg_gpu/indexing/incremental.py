@@ -19,6 +19,7 @@ Its shards are then cut differently from a rebuild's; its ids, rows and graph ar
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import time
@@ -124,6 +125,15 @@ def index_settings(manifest: dict, options: IndexConfig | None) -> IndexConfig:
     return config.validate()
 
 
+@contextlib.contextmanager
+def _locked_manifest(index: Path):
+    """The index's manifest, read under its update lock; a path that holds no index is refused in one
+    line before a lock file is made in it."""
+    read_manifest(index)
+    with update_lock(index):
+        yield read_manifest(index)
+
+
 def add_documents(
     index: str | Path,
     input_path: str | Path,
@@ -136,8 +146,7 @@ def add_documents(
     """Add the documents at ``input_path`` (directory, .jsonl or .parquet) to an existing index;
     with a Ray ``cluster``, the new chunks' pairs and embeddings are made on its workers."""
     index = Path(index)
-    with update_lock(index):
-        manifest = read_manifest(index)
+    with _locked_manifest(index) as manifest:
         config = index_settings(manifest, options)
         summary = IndexSummary(out=index)
         with stage(summary, "chunk"):
@@ -177,9 +186,10 @@ def publish_added(
 def remove_documents(index: str | Path, doc_ids: list[str], cluster=None) -> IndexSummary:
     """Remove the documents ``doc_ids`` (their chunks, pairs and nodes) from an index; a Ray ``cluster``
     searches the kNN rows of a sharded index, a task per shard."""
+    if isinstance(doc_ids, str) or not doc_ids:  # a string would be removed letter by letter
+        raise QCGError(f"give the ids of the documents to remove as a list, not {doc_ids!r}")
     index = Path(index)
-    with update_lock(index):
-        manifest = read_manifest(index)
+    with _locked_manifest(index) as manifest:
         config, summary = IndexConfig.from_dict(manifest["settings"]), IndexSummary(out=index)
         change = {"op": "remove", "documents": sorted(set(doc_ids))}
         if len(index_shards(manifest)) > 1:
@@ -224,8 +234,7 @@ def retry_failed(
     the cache), so the index equals a rebuild with those documents last. Nothing is read from
     the input: the chunks are in the index. If a chunk fails again, the index stays as it was."""
     index = Path(index)
-    with update_lock(index):
-        manifest = read_manifest(index)
+    with _locked_manifest(index) as manifest:
         config = index_settings(manifest, options)
         summary = IndexSummary(out=index)
         chunk_docs = load_table(index, "chunks", manifest, columns=["doc_id"])  # not the texts: the index may be huge
