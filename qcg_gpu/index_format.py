@@ -536,6 +536,29 @@ def read_manifest(index: str | Path) -> dict:
     return manifest
 
 
+# What an index's readers take from its manifest besides its files: {section: keys}.
+MANIFEST_SECTIONS = {"settings": (), "models": ("embedder", "embedding_dim"), "counts": ("chunks", "nodes")}
+
+
+def manifest_problems(manifest: dict) -> list[str]:
+    """The sections and keys readers need that a (hand-edited) manifest lacks."""
+    problems = []
+    for section, keys in MANIFEST_SECTIONS.items():
+        if not isinstance(manifest.get(section), dict):
+            problems.append(f"{MANIFEST} has no {section!r} object")
+        else:
+            problems += [f"{MANIFEST} has no {section}.{key}" for key in keys if key not in manifest[section]]
+    return problems
+
+
+def read_index_manifest(index: str | Path) -> dict:
+    """:func:`read_manifest`, refusing in one line a manifest without what an index's readers take from it."""
+    manifest = read_manifest(index)
+    if problems := manifest_problems(manifest):
+        raise QCGError(f"index {index} is corrupt: {'; '.join(problems)}")
+    return manifest
+
+
 def verify_file(index: str | Path, filename: str, manifest: dict) -> None:
     """Refuse a file whose sha256 differs from the one the writer recorded."""
     expected = manifest.get("files", {}).get(filename)

@@ -18,6 +18,7 @@ from .index_format import (
     load_array,
     load_shard_array,
     load_table,
+    manifest_problems,
     read_manifest,
     verify_file,
 )
@@ -30,7 +31,9 @@ def check_index(index: str | Path, checksums: bool = True) -> list[str]:
     """Every problem found (an empty list: the index is sound). Raises only when there is no manifest to go by."""
     index = Path(index)
     manifest = read_manifest(index)
-    problems: list[str] = []
+    problems = manifest_problems(manifest)
+    if problems:
+        return problems  # without its counts and models nothing else can be checked
     listed = manifest.get("files", {})
     for name in expected_files(manifest):
         if name not in listed:

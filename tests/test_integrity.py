@@ -118,3 +118,15 @@ def test_missing_and_foreign_files(index, tmp_path, cli):
     assert result.returncode == 2 and "index format 99" in result.stderr
     result = cli("check", tmp_path / "nowhere")
     assert result.returncode == 2 and "is not a qcg index" in result.stderr
+
+
+def test_a_manifest_edited_without_its_settings_or_counts_is_refused(index, cli):
+    manifest = json.loads((index / "manifest.json").read_text())
+    del manifest["settings"], manifest["counts"]["nodes"]
+    (index / "manifest.json").write_text(json.dumps(manifest))
+    problems = ["manifest.json has no 'settings' object", "manifest.json has no counts.nodes"]
+    assert check_index(index) == problems  # was "sound"
+    result = cli("query", index, "--query", "house rules")  # was a KeyError traceback
+    assert result.returncode == 2 and f"index {index} is corrupt: {'; '.join(problems)}" in result.stderr
+    with pytest.raises(QCGError, match="manifest.json has no 'settings' object"):
+        QCGIndex.load(index)

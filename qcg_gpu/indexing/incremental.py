@@ -40,7 +40,7 @@ from ..index_format import (
     load_shard_table,
     load_table,
     plan_added_shards,
-    read_manifest,
+    read_index_manifest,
     update_lock,
 )
 from ..llm.backends import LLMBackend
@@ -129,9 +129,9 @@ def index_settings(manifest: dict, options: IndexConfig | None) -> IndexConfig:
 def _locked_manifest(index: Path):
     """The index's manifest, read under its update lock; a path that holds no index is refused in one
     line before a lock file is made in it."""
-    read_manifest(index)
+    read_index_manifest(index)
     with update_lock(index):
-        yield read_manifest(index)
+        yield read_index_manifest(index)
 
 
 def add_documents(

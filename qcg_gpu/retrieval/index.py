@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import QCGError
-from ..index_format import Shard, csr_problems, data_dir, index_shards, load_array, load_table, read_manifest
+from ..index_format import Shard, csr_problems, data_dir, index_shards, load_array, load_table, read_index_manifest
 
 
 @dataclass
@@ -34,7 +34,7 @@ class QCGIndex:
         (a few seconds per GB) so a corrupt index is refused instead of answering wrongly. ``nodes=False``
         loads no node array (their shards' owners do: ``shard_backend``), only the manifest and, on use, tables."""
         path = Path(path)
-        manifest = read_manifest(path)
+        manifest = read_index_manifest(path)
         data = data_dir(path, manifest)
         if not nodes:
             dim, n_chunks = int(manifest["models"]["embedding_dim"]), int(manifest["counts"]["chunks"])
