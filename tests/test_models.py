@@ -127,7 +127,8 @@ def test_a_user_cache_folder_that_cannot_be_written_moves_to_the_temporary_one(t
     (tmp_path / "tmp").mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("QCG_CACHE_DIR", "NUMBA_CACHE_DIR")}
     env |= {"HOME": str(tmp_path / "a-file"), "XDG_CACHE_HOME": "", "TMPDIR": str(tmp_path / "tmp")}
-    plan = [sys.executable, "-m", "qcg_gpu.cli", "index", "plan", str(SAMPLE_DOCS)]
+    converted, _ = resolve_model(None, DEFAULT_LLM)  # the bundled LLM's folder here: not converted again there
+    plan = [sys.executable, "-m", "qcg_gpu.cli", "index", "plan", str(SAMPLE_DOCS), "--model", converted]
     result = subprocess.run(plan, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     moved = tmp_path / "tmp" / f"cache-of-uid-{os.getuid()}" / "qcg-gpu"
