@@ -243,6 +243,19 @@ def test_eval_cli_retrieval_only(small_index, questions_file, tmp_path, cli):
     ]
 
 
+def test_answer_options_with_no_answers_are_refused_before_any_work(tmp_path, cli):
+    """They were ignored without a word: --no-answers --judge-model X, or --answers-out F, ran without them."""
+    evaluate = ("eval", "--dataset", "jsonl", "--data", tmp_path / "none", "--index", tmp_path / "none")
+    for given in (["--judge-model", "m"], ["--judge", "--answers-out", "a.parquet"], ["--sweep-answers"]):
+        result = cli(*evaluate, "--out", tmp_path / "o", "--no-answers", *given)
+        assert result.returncode == 2, result.stderr
+        flags = ", ".join(g for g in given if g.startswith("--"))
+        assert f"qcg: error: {flags}: only for answers, which --no-answers turns off" in result.stderr
+    assert not (tmp_path / "o").exists()
+    result = cli(*evaluate, "--out", tmp_path / "o", "--no-answers", "--no-judge")  # agrees: refused for the data
+    assert "only for answers" not in result.stderr
+
+
 def test_eval_cli_bad_input(small_index, questions_file, tmp_path, cli):
     wrong = tmp_path / "wrong.jsonl"
     wrong.write_text(json.dumps({"question": "Who?", "answer": "x", "evidence_doc_ids": ["not-a-doc"]}) + "\n")

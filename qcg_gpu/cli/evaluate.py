@@ -84,6 +84,7 @@ def run(args) -> int:
     from ..eval.harness import check_evidence
 
     config = resolve(EvalConfig(), args).validate()  # refuse unknown names before loading anything
+    _refuse_answer_options_without_answers(args, config)
     _check_output_dir(args.out)
     if args.preset is None and args.dataset in PRESETS:
         args.preset = args.dataset
@@ -108,6 +109,18 @@ def run(args) -> int:
         return _evaluate(args, job)
     finally:
         store.close()  # --answers-out holds every reply so far, whatever happened
+
+
+ANSWER_ONLY_OPTIONS = ("judge", "judge_model", "sweep_answers", "answers_cache", "answers_in", "answers_out")
+
+
+def _refuse_answer_options_without_answers(args, config: EvalConfig) -> None:
+    """--no-answers (or answers = false in --config) beside an option given for the answers: it was ignored
+    without a word, so a run meant to be judged, or to store its answers, came back without them."""
+    given = [name for name in ANSWER_ONLY_OPTIONS if getattr(args, name) not in (None, False)]
+    if given and not config.answers:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise QCGError(f"{flags}: only for answers, which --no-answers turns off; drop one or the other")
 
 
 def _load_index(args, config: EvalConfig, path: str):
