@@ -4,9 +4,11 @@ evaluation run on it."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
+import secrets
 import socket
 
 from .capabilities import numba_threads_to_share, reproducible_mkl, require
@@ -29,6 +31,26 @@ def _refuse_unreachable(address: str) -> None:
         raise QCGError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}") from exc
 
 
+@contextlib.contextmanager
+def _own_token_for_a_local_cluster():
+    """Ray gives a new local cluster a token that it writes to ~/.ray/auth_token (a PermissionError where
+    HOME is not writable, as in many containers) and announces with a warning on every start, --quiet or
+    not. A local cluster lives and dies with this process, so it gets a fresh token of its own instead, in
+    the environment of this process and the cluster's (Ray turns the token mode on there as before). A
+    token or a mode the user set is theirs to keep."""
+    if any(os.environ.get(name) for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")):
+        yield
+        return
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    announcer = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    level = announcer.level
+    announcer.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        announcer.setLevel(level)
+
+
 class RayCluster:
     """A connection to a Ray cluster (started here for ``local``) and the share of it each worker gets."""
 
@@ -39,16 +61,17 @@ class RayCluster:
             local = config.ray_address == "local"
             _refuse_unreachable(config.ray_address)
             try:
-                self.ray.init(
-                    address=None if local else config.ray_address,
-                    # workers asked beyond the cores share them: Ray's CPUs here are scheduling tokens
-                    num_cpus=max(os.cpu_count() or 1, config.ray_workers or 0) if local else None,
-                    include_dashboard=False,
-                    logging_level=logging.WARNING,
-                    configure_logging=False,
-                    ignore_reinit_error=True,
-                    runtime_env={"env_vars": reproducible_mkl()},  # workers embed like this process
-                )
+                with _own_token_for_a_local_cluster() if local else contextlib.nullcontext():
+                    self.ray.init(
+                        address=None if local else config.ray_address,
+                        # workers asked beyond the cores share them: Ray's CPUs here are scheduling tokens
+                        num_cpus=max(os.cpu_count() or 1, config.ray_workers or 0) if local else None,
+                        include_dashboard=False,
+                        logging_level=logging.WARNING,
+                        configure_logging=False,
+                        ignore_reinit_error=True,
+                        runtime_env={"env_vars": reproducible_mkl()},  # workers embed like this process
+                    )
             except Exception as exc:  # ConnectionError, or a failed local start
                 raise QCGError(f"cannot connect to the Ray cluster {config.ray_address!r}: {exc}") from exc
         resources = self.ray.cluster_resources()

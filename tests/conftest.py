@@ -85,10 +85,14 @@ def small_index(tmp_path_factory, vllm_backend, embedder) -> Path:
     return root / "index"
 
 
-def qcg(*args, timeout=600):
-    """Run the qcg command line in a fresh process."""
+def qcg(*args, timeout=600, env=None):
+    """Run the qcg command line in a fresh process (``env``: variables to change in its environment)."""
     return subprocess.run(
-        [sys.executable, "-m", "qcg_gpu.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "qcg_gpu.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=os.environ | env if env else None,
     )
 
 

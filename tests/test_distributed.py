@@ -208,9 +208,12 @@ def test_ray_retrieval_equals_one_process(cluster, options):
 def test_command_line_index_and_query_with_ray(tmp_path, capsys):
     docs = sample_docs(tmp_path / "docs", 3)
     options = ["--nodes", "sentence", "--device", "cpu", "--quiet"]
-    built = qcg("index", docs, tmp_path / "ray", *options, "--ray", "--ray-workers", "2")
+    (tmp_path / "a-file").write_text("")  # HOME unwritable, even by root: Ray wrote its token to ~/.ray there
+    home = {"HOME": str(tmp_path / "a-file"), "QCG_CACHE_DIR": str(tmp_path / "cache")}
+    built = qcg("index", docs, tmp_path / "ray", *options, "--ray", "--ray-workers", "2", env=home)
     assert built.returncode == 0, built.stderr
     assert "Loading weights" not in built.stderr  # the workers' model loading keeps quiet too
+    assert "Token authentication" not in built.stderr  # Ray's warning on every local start
     assert main(["index", str(docs), str(tmp_path / "one"), *options]) == 0  # one process: this one
     assert_identical(tmp_path / "ray", tmp_path / "one")
     (tmp_path / "q.txt").write_text("Who is Li Hua?\nWhat did they plan for the weekend?\n")
