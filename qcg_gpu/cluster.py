@@ -14,7 +14,7 @@ import socket
 from .capabilities import numba_threads_to_share, reproducible_mkl, require
 from .config import RayConfig
 from .errors import QCGError
-from .log import progress_bar
+from .log import errors_only, progress_bar
 
 REACH_TIMEOUT_S = 10  # a cluster's address that answers no TCP connection in this time is refused
 
@@ -42,13 +42,8 @@ def _own_token_for_a_local_cluster():
         yield
         return
     os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
-    announcer = logging.getLogger("ray._private.authentication.authentication_token_setup")
-    level = announcer.level
-    announcer.setLevel(logging.ERROR)
-    try:
+    with errors_only("ray._private.authentication.authentication_token_setup"):  # its warning
         yield
-    finally:
-        announcer.setLevel(level)
 
 
 class RayCluster:

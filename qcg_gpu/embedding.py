@@ -16,7 +16,6 @@ own cut, as the paper's setup did.
 
 from __future__ import annotations
 
-import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -24,7 +23,7 @@ import numpy as np
 
 from .capabilities import check_device, default_device, require
 from .errors import QCGError
-from .log import progress_bar, show_progress
+from .log import errors_only, progress_bar, show_progress
 from .models import DEFAULT_EMBEDDER, resolve_model
 
 LONG_TEXT_MODES = ("mean", "truncate")
@@ -141,7 +140,7 @@ class Windows:
         owner: list[int] = []  # the text each piece comes from
         weight: list[int] = []  # its tokens: the weight of its embedding in the text's mean
         windowed = 0
-        with _quiet("transformers"):  # it warns that long texts exceed the model: that is why they are split
+        with errors_only("transformers"):  # it warns that long texts exceed the model: that is why they are split
             encodings = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, truncation=False)
         for i, (text, ids, offsets) in enumerate(zip(texts, encodings["input_ids"], encodings["offset_mapping"])):
             if len(ids) <= self.limit:
@@ -172,20 +171,9 @@ class Windows:
         return bounds
 
 
-@contextmanager
-def _quiet(logger_name: str):
-    logger = logging.getLogger(logger_name)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
 def token_counts(tokenizer, texts: list[str], max_tokens: int) -> np.ndarray:
     """Tokens of each text as the model sees it (special tokens included, cut at its limit)."""
-    with _quiet("transformers"):
+    with errors_only("transformers"):
         ids = tokenizer(texts, truncation=True, max_length=max_tokens)["input_ids"]
     return np.array([len(i) for i in ids], dtype=np.int64)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from contextlib import contextmanager
 
 from tqdm.auto import tqdm
 
@@ -52,3 +53,15 @@ def set_verbosity(quiet: bool = False, verbose: bool = False) -> None:
 def engine_log_level() -> str:
     """The level vLLM logs at: its INFO lines at --verbose only, else errors alone."""
     return "INFO" if logger.isEnabledFor(logging.DEBUG) else "ERROR"
+
+
+@contextmanager
+def errors_only(logger_name: str):
+    """The named logger's warnings and info hidden for a while (a library's notice that we have answered)."""
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
