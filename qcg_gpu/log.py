@@ -58,10 +58,10 @@ def engine_log_level() -> str:
 @contextmanager
 def errors_only(logger_name: str):
     """The named logger's warnings and info hidden for a while (a library's notice that we have answered)."""
-    logger = logging.getLogger(logger_name)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    named = logging.getLogger(logger_name)  # not this module's own ``logger``
+    level = named.level
+    named.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        named.setLevel(level)
