@@ -94,8 +94,12 @@ def test_unreachable_server_fails_chunks_not_the_run(few_docs, tmp_path, cli):
         (["{tmp}/missing", "{tmp}/out"], "input not found"),
         (["{tmp}/empty", "{tmp}/out"], "no .txt or .md files"),
         (["{docs}", "{tmp}/out", "--model", "/no/such/model"], "model path does not exist: /no/such/model"),
-        (["{docs}", "{tmp}/out", "--chunk-overlap", "2000"], "chunk_overlap must be in [0, chunk_tokens)"),
-        (["{docs}", "{tmp}/out", "--alpha", "1.5"], "alpha must be in (0, 1]"),
+        (
+            ["{docs}", "{tmp}/out", "--chunk-overlap", "2000"],
+            "--chunk-overlap (chunk_overlap) must be in [0, --chunk-tokens), got 2000",
+        ),
+        (["{docs}", "{tmp}/out", "--alpha", "1.5"], "--alpha (alpha) must be in (0, 1], got 1.5"),
+        (["{docs}", "{tmp}/out", "--knn-k", "0"], "--knn-k (knn_k) must be >= 1, got 0"),  # named knn_k alone
         (["{docs}", "{tmp}/out", "--backend", "openai"], "--backend openai needs --base-url"),
         (["{docs}", "{tmp}/out", "--replies-in", "{tmp}/none.parquet"], "stored replies file not found"),
         (["{docs}", "{tmp}"], "already exists; pass --overwrite"),

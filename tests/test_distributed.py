@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -158,7 +159,7 @@ def test_answers_from_engines_on_ray_workers(cluster):
 
 
 def test_shard_sizes_are_checked_before_any_cluster_starts():
-    with pytest.raises(QCGError, match="ray_shard_chunks must be >= 1, got 0"):
+    with pytest.raises(QCGError, match=re.escape("--ray-shard-chunks (ray_shard_chunks) must be >= 1, got 0")):
         RayConfig(ray=True, ray_shard_chunks=0).validate()
     with pytest.raises(QCGError, match="--ray-shard-chunks apply only with --ray"):
         RayConfig(ray_shard_chunks=100).validate()

@@ -200,9 +200,12 @@ def test_the_manifest_states_what_the_engine_applied_not_what_was_asked():
         ({"engine_args": "{bad"}, "--engine-args is not valid JSON"),
         ({"engine_args": "[1]"}, "must be a JSON object"),
         ({"engine_args": '{"dtype": "half"}'}, "--engine-args repeats dtype: use the option of its own"),
-        ({"tensor_parallel_size": 0}, "tensor_parallel_size must be >= 1"),
-        ({"dtype": "fp4"}, "dtype must be one of auto, bfloat16"),
-        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in (0, 1]"),
+        ({"tensor_parallel_size": 0}, "--tensor-parallel-size (tensor_parallel_size) must be >= 1, got 0"),
+        ({"dtype": "fp4"}, "--dtype (dtype) must be one of auto, bfloat16"),
+        (
+            {"gpu_memory_utilization": 1.5},
+            "--gpu-memory-utilization (gpu_memory_utilization) must be in (0, 1], got 1.5",
+        ),
     ],
 )
 def test_bad_engine_settings_fail_before_a_model_loads(options, message):

@@ -140,8 +140,8 @@ def test_baselines_rank_chunks_by_their_expanded_text(small_index, embedder, cli
     "args,message",
     [
         (["--query", "  "], "the query is empty"),
-        (["--query", "x", "--gamma", "3"], "gamma must be in [0, 2]"),
-        (["--query", "x", "--n", "0"], "n and top_k must be >= 1"),
+        (["--query", "x", "--gamma", "3"], "--gamma (gamma) must be in [0, 2], got 3.0"),
+        (["--query", "x", "--n", "0"], "--n (n) must be >= 1, got 0"),
         (["--query", "x", "--method", "naive", "--trace"], "--trace follows QCG's seeds and hops; --method naive"),
         (["--queries", "/no/such/file.txt"], "queries file not found"),
         (["--query", "x", "--retrieval-device", "bogus"], "--retrieval-device 'bogus': name cpu, cuda or cuda:N"),
@@ -158,7 +158,7 @@ def test_answer_settings_are_checked_before_retrieval(small_index, cli):
     # gamma 2 seeds nothing, and a retrieval would say so before the refusal (it did)
     result = cli("answer", small_index, "--query", "x", "--gamma", "2.0", "--max-answer-tokens", "0", "--quiet")
     assert result.returncode == 2 and result.stderr.splitlines() == [
-        "qcg: error: max_context_tokens and max_answer_tokens must be >= 1, got 6000, 0"
+        "qcg: error: --max-answer-tokens (max_answer_tokens) must be >= 1, got 0"
     ]
 
 

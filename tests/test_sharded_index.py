@@ -144,7 +144,7 @@ def test_a_manifest_cannot_name_files_outside_the_index(whole_and_sharded, tmp_p
 
 def test_shard_nodes_zero_is_refused_in_one_line(cli, tmp_path):
     result = cli("index", "build", tmp_path, tmp_path / "out", "--nodes", "sentence", "--shard-nodes", "0")
-    assert result.returncode == 2 and "--shard-nodes must be >= 1, got 0" in result.stderr
+    assert result.returncode == 2 and "--shard-nodes (shard_nodes) must be >= 1, got 0" in result.stderr
 
 
 def test_a_remove_on_ray_of_an_index_of_one_shard_is_refused_before_a_cluster_starts(whole_and_sharded, cli):

@@ -43,7 +43,7 @@ def as_flags(settings: dict) -> str:
     import dataclasses
 
     from ..config import GenerationConfig
-    from .options import option_flag
+    from ..config.utils import option_flag
 
     fields = {f.name: f for f in dataclasses.fields(GenerationConfig)}
     flags = []

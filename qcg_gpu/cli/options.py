@@ -17,6 +17,7 @@ from ..config import (
     RetrievalConfig,
     layered,
 )
+from ..config.utils import option_flag
 from ..errors import QCGError
 from ..log import logger
 from ..models import DEFAULT_LLM, resolve_model
@@ -25,11 +26,6 @@ RETRIEVAL_PREFIX = "retrieval_"
 ANSWERING_FIELDS = dataclasses.fields(AnsweringLLMConfig)
 SECTION_NAMES = {cls: name for name, cls in CONFIG_SECTIONS.items()}  # a config file's table per dataclass
 NO_VERIFY_HELP = "skip checking the index files against their checksums when loading (saves a few seconds per GB)"
-
-
-def option_flag(f: dataclasses.Field) -> str:
-    """The command-line option of a settings field: its own ``flag``, else --field-name."""
-    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
 def add_options(parser, section, title: str, only=None, prefix: str = "") -> None:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import QCGError
-from .utils import option, prompt_text
+from .utils import check_at_least, option, prompt_text
 
 
 @dataclass
@@ -22,13 +21,8 @@ class AnswerConfig:
     )
 
     def validate(self) -> AnswerConfig:
-        if self.max_context_tokens < 1 or self.max_answer_tokens < 1:
-            raise QCGError(
-                f"max_context_tokens and max_answer_tokens must be >= 1, got {self.max_context_tokens}, "
-                f"{self.max_answer_tokens}"
-            )
-        if self.answer_temperature < 0:
-            raise QCGError(f"answer_temperature must be >= 0, got {self.answer_temperature}")
+        check_at_least(self, 1, "max_context_tokens", "max_answer_tokens")
+        check_at_least(self, 0, "answer_temperature")
         if self.answer_prompt_file:
             prompt_text(self.answer_prompt_file)
         return self

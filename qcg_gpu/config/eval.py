@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import QCGError
-from .utils import check_output_file, comma_names, option
+from .utils import check_at_least, check_output_file, comma_names, option
 
 BASELINES = ("naive", "d2q", "d2q-minus")  # naive RAG over chunk embeddings (METHOD.md, "Baselines")
 ABLATIONS = ("qcg-qa", "qcg-q", "qcg-a", "qcg-sentence")  # QCG with other node texts (the paper's ablation)
@@ -75,8 +75,7 @@ class EvalConfig:
         chosen = self.baseline != EvalConfig.baseline  # the default compares nothing when naive is not run
         if chosen and self.baseline.partition("@")[0] not in self.method_list():
             raise QCGError(f"--baseline {self.baseline} is not among the methods evaluated ({self.methods})")
-        if self.limit_per_type is not None and self.limit_per_type < 1:
-            raise QCGError(f"--limit-per-type must be >= 1, got {self.limit_per_type}")
+        check_at_least(self, 1, "limit_per_type")
         if self.answers_in and not os.path.isfile(self.answers_in):
             raise QCGError(f"stored answers file not found: {self.answers_in}")
         check_output_file(self.answers_out, "--answers-out", folders_made=True)

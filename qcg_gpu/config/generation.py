@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..errors import QCGError
 from ..models import packaged_llm
-from .utils import check_choices, check_output_file, option, prompt_text
+from .utils import check_at_least, check_choices, check_output_file, option, prompt_text, setting_name
 
 
 @dataclass
@@ -84,12 +84,8 @@ class Doc2QueryConfig:
     )
 
     def validate(self):
-        if self.m < 1:
-            raise QCGError(f"m must be >= 1, got {self.m}")
-        if self.max_pair_tokens is not None and self.max_pair_tokens < 0:
-            raise QCGError(f"max_pair_tokens must be >= 0, got {self.max_pair_tokens}")
-        if self.batch_chunks < 1:
-            raise QCGError(f"batch_chunks must be >= 1, got {self.batch_chunks}")
+        check_at_least(self, 1, "m", "batch_chunks")
+        check_at_least(self, 0, "max_pair_tokens")
         if self.prompt_file:
             prompt_text(self.prompt_file)  # readable and not empty
         return self
@@ -156,11 +152,13 @@ class VLLMEngineConfig:
     )
 
     def validate(self):
-        for name in ("tensor_parallel_size", "pipeline_parallel_size", "max_num_seqs", "max_num_batched_tokens"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise QCGError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_at_least(
+            self, 1, "tensor_parallel_size", "pipeline_parallel_size", "max_num_seqs", "max_num_batched_tokens"
+        )
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise QCGError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+            raise QCGError(
+                f"{setting_name(self, 'gpu_memory_utilization')} must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
         self.extra_engine_args()
         return self
 
@@ -209,12 +207,10 @@ class OpenAIClientConfig:
     )
 
     def validate(self):
-        if self.concurrency < 1:
-            raise QCGError(f"concurrency must be >= 1, got {self.concurrency}")
-        if self.max_retries < 0:
-            raise QCGError(f"max_retries must be >= 0, got {self.max_retries}")
+        check_at_least(self, 1, "concurrency")
+        check_at_least(self, 0, "max_retries")
         if self.request_timeout <= 0:
-            raise QCGError(f"request_timeout must be > 0, got {self.request_timeout}")
+            raise QCGError(f"{setting_name(self, 'request_timeout')} must be > 0, got {self.request_timeout}")
         return self
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ..errors import QCGError
 from .generation import GenerationConfig
-from .utils import check_choices, option, result_fields
+from .utils import check_at_least, check_choices, option, result_fields, setting_name
 
 NODE_MODES = ("qa", "q", "a", "sentence")
 
@@ -33,10 +33,11 @@ class ChunkingConfig:
     )
 
     def validate(self) -> ChunkingConfig:
-        if self.chunk_tokens < 1:
-            raise QCGError(f"chunk_tokens must be >= 1, got {self.chunk_tokens}")
+        check_at_least(self, 1, "chunk_tokens")
         if not 0 <= self.chunk_overlap < self.chunk_tokens:
-            raise QCGError(f"chunk_overlap must be in [0, chunk_tokens), got {self.chunk_overlap}")
+            raise QCGError(
+                f"{setting_name(self, 'chunk_overlap')} must be in [0, --chunk-tokens), got {self.chunk_overlap}"
+            )
         return self
 
 
@@ -72,9 +73,8 @@ class NodeConfig:
     def validate(self) -> NodeConfig:
         check_choices(self)
         if not 0 < self.alpha <= 1:
-            raise QCGError(f"alpha must be in (0, 1], got {self.alpha}")
-        if self.embed_batch_size < 1:
-            raise QCGError(f"--embed-batch-size must be >= 1, got {self.embed_batch_size}")
+            raise QCGError(f"{setting_name(self, 'alpha')} must be in (0, 1], got {self.alpha}")
+        check_at_least(self, 1, "embed_batch_size")
         return self
 
 
@@ -109,12 +109,7 @@ class GraphConfig:
 
     def validate(self) -> GraphConfig:
         check_choices(self)
-        if self.knn_k < 1:
-            raise QCGError(f"knn_k must be >= 1, got {self.knn_k}")
-        if self.knn_probes < 1:
-            raise QCGError(f"knn_probes must be >= 1, got {self.knn_probes}")
-        if self.shard_nodes is not None and self.shard_nodes < 1:
-            raise QCGError(f"--shard-nodes must be >= 1, got {self.shard_nodes}")
+        check_at_least(self, 1, "knn_k", "knn_probes", "shard_nodes")
         return self
 
     def probes(self) -> int | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import QCGError
-from .utils import check_choices, option
+from .utils import check_at_least, check_choices, option
 
 
 @dataclass
@@ -54,10 +54,7 @@ class RayConfig:
 
     def validate(self) -> RayConfig:
         check_choices(self)
-        if self.ray_workers is not None and self.ray_workers < 1:
-            raise QCGError(f"ray_workers must be >= 1, got {self.ray_workers}")
-        if self.ray_shard_chunks < 1:
-            raise QCGError(f"ray_shard_chunks must be >= 1, got {self.ray_shard_chunks}")
+        check_at_least(self, 1, "ray_workers", "ray_shard_chunks")
         defaults = RayConfig()
         if not self.ray and any(
             getattr(self, name) != getattr(defaults, name)

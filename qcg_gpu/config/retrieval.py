@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import QCGError
-from .utils import check_choices, option
+from .utils import check_at_least, check_choices, option, setting_name
 
 PRESETS = {  # the paper's per-dataset retrieval settings (k, the kNN degree, is fixed when the index is built)
     "lihuaworld": {"gamma": 1.5, "n": 10, "hops": 1, "top_k": 5},
@@ -45,9 +45,8 @@ class RetrievalConfig:
     def validate(self) -> RetrievalConfig:
         check_choices(self)
         if not 0.0 <= self.gamma <= 2.0:
-            raise QCGError(f"gamma must be in [0, 2], got {self.gamma}")
-        if self.n < 1 or self.top_k < 1:
-            raise QCGError(f"n and top_k must be >= 1, got n={self.n}, top_k={self.top_k}")
+            raise QCGError(f"{setting_name(self, 'gamma')} must be in [0, 2], got {self.gamma}")
+        check_at_least(self, 1, "n", "top_k")
         if not 0 <= self.hops <= 3:
-            raise QCGError(f"hops must be in 0..3, got {self.hops}")
+            raise QCGError(f"{setting_name(self, 'hops')} must be in 0..3, got {self.hops}")
         return self

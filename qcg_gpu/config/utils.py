@@ -16,12 +16,32 @@ def option(default, help: str, choices=None, flag: str | None = None, runtime: b
     return field(default=default, metadata={"help": help, "choices": choices, "flag": flag, "runtime": runtime})
 
 
+def option_flag(f: dataclasses.Field) -> str:
+    """The command-line option of a settings field: its own ``flag``, else --field-name."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def setting_name(section, name: str) -> str:
+    """A setting as an error names it: its command-line option, then its name in config files and the API."""
+    (f,) = (f for f in dataclasses.fields(section) if f.name == name)
+    return f"{option_flag(f)} ({name})"
+
+
+def check_at_least(section, low, *names: str) -> None:
+    """QCGError naming the first of the settings ``names`` that is set (not None) and below ``low``."""
+    for name in names:
+        value = getattr(section, name)
+        if value is not None and value < low:
+            raise QCGError(f"{setting_name(section, name)} must be >= {low}, got {value}")
+
+
 def check_choices(section) -> None:
     """QCGError when a field with choices holds another value (e.g. from a config file or an API call)."""
     for f in dataclasses.fields(section):
         if f.metadata.get("choices") and getattr(section, f.name) not in f.metadata["choices"]:
             raise QCGError(
-                f"{f.name} must be one of {', '.join(f.metadata['choices'])}, got {getattr(section, f.name)!r}"
+                f"{setting_name(section, f.name)} must be one of {', '.join(f.metadata['choices'])}, "
+                f"got {getattr(section, f.name)!r}"
             )
 
 
