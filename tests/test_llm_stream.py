@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from qcg_gpu.config import GenerationConfig
 from qcg_gpu.errors import QCGError
 from qcg_gpu.indexing import doc2query
+from qcg_gpu.indexing.stages import IndexSummary
 from qcg_gpu.llm.backends import SamplingSpec
 
 from .conftest import qcg, sample_docs
@@ -109,6 +111,10 @@ def test_a_request_the_engine_refuses_fails_alone(vllm_backend):
     assert sorted(handed) == [0, 1, 2, 3]
     assert handed[2].error.startswith("vLLM refused the request")
     assert [handed[i].error for i in (0, 1, 3)] == [None, None, None]
+    # a build's summary tells that a rerun as is cannot help such a chunk (it said "rerun to retry")
+    lines = IndexSummary(out=Path("idx"), failed_chunks=[(7, handed[2].error)]).format().splitlines()
+    assert "  FAILED chunks (no LLM reply): [7]" in lines
+    assert "raise --max-model-len (the server's own with --backend openai), then qcg index retry idx" in lines[-1]
 
 
 def test_the_token_meter_counts_tokens_before_any_reply_finishes(vllm_backend):

@@ -51,6 +51,7 @@ from .knn import KnnGraph, add_nodes, grow_shards, remove_nodes
 from .ranking import degree
 from .shard_removal import EMBEDDINGS, Renumbering, keeps_degree, kept_embeddings, kept_tables, write_kept_rows
 from .stages import (
+    OVER_CONTEXT_ADVICE,
     Embedded,
     IndexSummary,
     Pairs,
@@ -60,6 +61,7 @@ from .stages import (
     index_tables,
     llm_reproducibility,
     load_embedder,
+    over_context,
     package_versions,
     range_ids,
     read_chunks,
@@ -321,9 +323,10 @@ def _new_nodes(
             raise QCGError(f"the index's pairs come from {model_name}; got an LLM serving {llm.model_name}")
         pairs = generate_pairs(chunks, llm, model_name, config, summary)
     if summary.failed_chunks:
+        how = f"{OVER_CONTEXT_ADVICE}, then rerun" if over_context(summary.failed_chunks) else "rerun to retry"
         raise QCGError(
             f"{len(summary.failed_chunks)} chunks got no LLM reply ({summary.failed_chunks[0][1]}); "
-            "the index is unchanged; rerun to retry (replies made so far are cached)"
+            f"the index is unchanged; {how} (replies made so far are cached)"
         )
 
     with stage(summary, "load_embedder"):

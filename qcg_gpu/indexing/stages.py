@@ -55,6 +55,19 @@ from .documents import SkipLog, read_documents
 from .knn import KnnGraph, knn_graph
 from .nodes import Nodes, pair_nodes, pair_text, sentence_nodes
 
+# Words of the error an LLM gives a prompt longer than its context: vLLM (offline and as a server), OpenAI's API.
+OVER_CONTEXT = ("maximum context length", "maximum model length")
+OVER_CONTEXT_ADVICE = (
+    "their prompts are longer than the LLM's context, so a rerun as is fails them again: raise --max-model-len "
+    "(the server's own with --backend openai)"
+)
+
+
+def over_context(failed_chunks: list) -> bool:
+    """Whether a chunk of ``failed_chunks`` ((chunk_id, error)) got no reply because its prompt exceeds the
+    LLM's context: a rerun with the same settings fails it again."""
+    return any(words in error for _, error in failed_chunks for words in OVER_CONTEXT)
+
 
 @dataclass
 class IndexSummary:
@@ -116,8 +129,11 @@ class IndexSummary:
             "  seconds: " + ", ".join(f"{stage} {s:.1f}" for stage, s in self.seconds.items()),
         ]
         if self.failed_chunks:
-            lines.append(f"  FAILED chunks (no LLM reply; rerun to retry): {[cid for cid, _ in self.failed_chunks]}")
+            stuck = over_context(self.failed_chunks)
+            how = "" if stuck else "; rerun to retry"
+            lines.append(f"  FAILED chunks (no LLM reply{how}): {[cid for cid, _ in self.failed_chunks]}")
             lines.append(f"    first error: {self.failed_chunks[0][1]}")
+            lines += [f"    {OVER_CONTEXT_ADVICE}, then qcg index retry {self.out}"] if stuck else []
         if self.empty_chunks:
             lines.append(f"  chunks with no valid pair: {self.empty_chunks}")
         lines += [f"  note: {note}" for note in self.notes]
