@@ -331,6 +331,24 @@ def test_llm_faults_are_counted_and_failed_chunks_retried(tmp_path, few_docs, vl
     assert llm.asked == [1] and retry.generated_chunks == 1 and not retry.failed_chunks
 
 
+def test_a_retry_of_an_index_whose_every_chunk_failed_equals_a_build(tmp_path, few_docs, vllm_backend, embedder):
+    """It was refused ("removing every document would leave an empty index"), and an empty graph broke its kNN
+    update: such an index (an LLM down, a --max-model-len too small) could only be built again."""
+    from qcg_gpu.indexing.incremental import retry_failed
+
+    config = _config(tmp_path)
+    down = Recording(vllm_backend, lambda i, completion: Completion(error="RuntimeError: engine died"))
+    failed = build_index(few_docs, tmp_path / "idx", config, llm=down, embedder=embedder)
+    assert failed.nodes == 0 and len(failed.failed_chunks) == failed.chunks > 1
+    summary = retry_failed(tmp_path / "idx", config, llm=vllm_backend, embedder=embedder)
+    assert not summary.failed_chunks and read_manifest(tmp_path / "idx")["counts"]["chunks_failed"] == 0
+    build_index(few_docs, tmp_path / "built", config, llm=vllm_backend, embedder=embedder)
+    for table in ("chunks", "pairs", "nodes"):
+        assert load_table(tmp_path / "idx", table).equals(load_table(tmp_path / "built", table)), table
+    for array in ("node_embeddings", "knn_indices", "knn_indptr"):
+        np.testing.assert_array_equal(load_array(tmp_path / "idx", array), load_array(tmp_path / "built", array))
+
+
 @pytest.mark.parametrize("shard_nodes", [None, 1], ids=["whole", "shards"])
 def test_retry_regenerates_only_the_failed_chunks_and_equals_a_rebuild(
     tmp_path, few_docs, vllm_backend, embedder, cli, shard_nodes, monkeypatch

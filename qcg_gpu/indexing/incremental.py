@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..config import IndexConfig, result_fields
 from ..embedding import Embedder
@@ -101,9 +102,6 @@ class _Stored:
         arrays = {name: np.asarray(index.array(name)) for name in ARRAYS}
         graph = KnnGraph(index.knn_indptr, index.knn_indices, np.asarray(index.array("knn_scores")))
         return cls(index.manifest, tables, arrays, graph)
-
-    def doc_ids(self) -> np.ndarray:
-        return np.array(self.tables["chunks"].column("doc_id").to_pylist(), dtype=object)
 
 
 def index_settings(manifest: dict, options: IndexConfig | None) -> IndexConfig:
@@ -194,15 +192,16 @@ def remove_documents(index: str | Path, doc_ids: list[str], cluster=None) -> Ind
     with _locked_manifest(index) as manifest:
         config, summary = IndexConfig.from_dict(manifest["settings"]), IndexSummary(out=index)
         change = {"op": "remove", "documents": sorted(set(doc_ids))}
+        keep_chunk = _kept_chunks(load_table(index, "chunks", manifest, columns=["doc_id"]), doc_ids)
+        if not keep_chunk.any():
+            raise QCGError("removing every document would leave an empty index; delete the directory instead")
         if len(index_shards(manifest)) > 1:
-            chunk_docs = load_table(index, "chunks", manifest, columns=["doc_id"])
-            keep_chunk = _kept_chunks(np.array(chunk_docs.column("doc_id").to_pylist(), dtype=object), doc_ids)
             ids = Renumbering.keeping(keep_chunk, *(_chunk_ids(index, manifest, name) for name in ("pairs", "nodes")))
             if keeps_degree(ids, config.graph.knn_k):
                 _publish_kept_shards(index, manifest, ids, config, summary, change, cluster=cluster)
                 return summary
         stored = _Stored.load(index)
-        _publish(index, _without_documents(stored, doc_ids, config, summary), summary, change)
+        _publish(index, _without_documents(stored, keep_chunk, doc_ids, config, summary), summary, change)
     return summary
 
 
@@ -211,16 +210,14 @@ def _chunk_ids(index: Path, manifest: dict, table: str) -> np.ndarray:
     return load_table(index, table, manifest, columns=["chunk_id"]).column("chunk_id").to_numpy()
 
 
-def _kept_chunks(chunk_docs: np.ndarray, doc_ids: list[str]) -> np.ndarray:
-    """Which chunks stay once ``doc_ids`` are removed (``chunk_docs``: each chunk's document); refused for
-    an unknown document, or when none would stay."""
-    unknown = sorted(set(doc_ids) - set(chunk_docs))
+def _kept_chunks(chunk_docs: pa.Table, doc_ids: list[str]) -> np.ndarray:
+    """Which chunks stay once ``doc_ids`` are removed (``chunk_docs``: the doc_id column of the chunks table);
+    refused for a document the index does not hold."""
+    column, removed = chunk_docs.column("doc_id"), pa.array(list(doc_ids), pa.string())
+    unknown = sorted(set(doc_ids) - set(pc.unique(column).to_pylist()))
     if unknown:
         raise QCGError(f"{len(unknown)} documents are not in the index: {unknown[:5]}")
-    keep_chunk = ~np.isin(chunk_docs, list(doc_ids))
-    if not keep_chunk.any():
-        raise QCGError("removing every document would leave an empty index; delete the directory instead")
-    return keep_chunk
+    return ~pc.is_in(column, value_set=removed).to_numpy()
 
 
 def retry_failed(
@@ -243,7 +240,7 @@ def retry_failed(
         failed = failed_documents(manifest, chunk_docs)
         if not failed:
             raise QCGError(f"{index} has no failed chunks: nothing to retry")
-        keep_chunk = _kept_chunks(np.array(chunk_docs.column("doc_id").to_pylist(), dtype=object), list(failed))
+        keep_chunk = _kept_chunks(chunk_docs, list(failed))  # none when every document failed: a rebuild
         chunks = _chunks_of(index, manifest, ~keep_chunk)
         summary.documents, summary.chunks = len(failed), len(chunks)
         added = _new_nodes(manifest, chunks, config, summary, llm, embedder, cluster)
@@ -255,7 +252,7 @@ def retry_failed(
             if keeps_degree(ids, k) and degree(k, n_kept) == degree(k, n_kept + len(added.embedded.node_embeddings)):
                 _publish_kept_shards(index, manifest, ids, config, summary, change, added, cluster)
                 return summary
-        remaining = _without_documents(_Stored.load(index), list(failed), config, IndexSummary(out=index))
+        remaining = _without_documents(_Stored.load(index), keep_chunk, list(failed), config, IndexSummary(out=index))
         _publish(index, _with_nodes(remaining, added, config, summary), summary, change)
     return summary
 
@@ -376,10 +373,11 @@ def _dropped_counted(manifest: dict, summary: IndexSummary) -> dict:
     return {**manifest["counts"], "pairs_dropped": dict(dropped)}
 
 
-def _without_documents(stored: _Stored, doc_ids: list[str], config: IndexConfig, summary: IndexSummary) -> _Stored:
-    """``stored`` without the documents ``doc_ids``: the rest renumbered in order, the graph rows
-    that lost an out-neighbour searched again."""
-    keep_chunk = _kept_chunks(stored.doc_ids(), doc_ids)
+def _without_documents(
+    stored: _Stored, keep_chunk: np.ndarray, doc_ids: list[str], config: IndexConfig, summary: IndexSummary
+) -> _Stored:
+    """``stored`` without the documents ``doc_ids`` (the chunks ``keep_chunk`` does not mark): the rest
+    renumbered in order, the graph rows that lost an out-neighbour searched again."""
     ids = Renumbering.keeping(
         keep_chunk, *(stored.tables[name].column("chunk_id").to_numpy() for name in ("pairs", "nodes"))
     )

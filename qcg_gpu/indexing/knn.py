@@ -130,8 +130,8 @@ def remove_nodes(
         return knn_graph(kept, k, backend, device)
     new_id = np.full(len(emb), -1, np.int64)
     new_id[keep] = np.arange(n)
-    ids = new_id[graph.indices.reshape(len(emb), -1)[keep]]
-    scores = graph.scores.reshape(len(emb), -1)[keep].copy()
+    ids = new_id[graph.indices.reshape(len(emb), graph.k)[keep]]
+    scores = graph.scores.reshape(len(emb), graph.k)[keep].copy()
     lost = np.flatnonzero((ids < 0).any(axis=1))
     if len(lost):
         ids[lost], scores[lost] = exact_rows(kept, lost, k_eff, backend, device)
