@@ -373,6 +373,22 @@ def test_bad_config_files_are_refused_in_one_line(tmp_path, capsys, text, messag
     assert message in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    "name,content,message",
+    [
+        ("empty", None, "no .txt or .md files under"),
+        ("docs.json", '{"doc_id": "a"}', "a .json input must hold a list"),
+        ("docs.parquet", "not parquet", "not a readable Parquet file"),
+    ],
+)
+def test_a_bad_input_is_refused_before_a_progress_bar_is_drawn(tmp_path, capsys, name, content, message):
+    path = tmp_path / name
+    path.mkdir() if content is None else path.write_text(content)
+    assert main(["index", "build", str(path), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert message in err.splitlines()[-1] and "chunk documents" not in err  # an empty bar was drawn first
+
+
 def test_init_writes_every_default(tmp_path, capsys):
     import dataclasses
 

@@ -47,7 +47,8 @@ class SkipLog:
 
 
 def read_documents(path: str | os.PathLike, skips: SkipLog) -> Iterator[Document]:
-    """Documents of ``path`` (directory, .jsonl or .parquet), duplicates and empties skipped."""
+    """Documents of ``path`` (directory, .jsonl or .parquet), duplicates and empties skipped. A missing
+    path, an empty folder, or a file that is not of its kind is refused now, before any document is read."""
     path = Path(path)
     if not path.exists():
         raise QCGError(f"input not found: {path}")
@@ -65,6 +66,10 @@ def read_documents(path: str | os.PathLike, skips: SkipLog) -> Iterator[Document
         raise QCGError(
             f"unsupported input {path}: give a directory of .txt/.md files, a .jsonl, .json (a list) or .parquet file"
         )
+    return _first_of_each_id(source, skips)
+
+
+def _first_of_each_id(source: Iterator[Document], skips: SkipLog) -> Iterator[Document]:
     seen: set[str] = set()
     for doc in source:
         if doc.doc_id in seen:
@@ -211,6 +216,10 @@ def _read_json_list(path: Path, skips: SkipLog) -> Iterator[Document]:
         raise QCGError(f"{path}: not a UTF-8 JSON file ({exc})") from exc
     if not isinstance(records, list):
         raise QCGError(f"{path}: a .json input must hold a list of {{doc_id or title, text}} records")
+    return _json_records(path, records, skips)
+
+
+def _json_records(path: Path, records: list, skips: SkipLog) -> Iterator[Document]:
     name = RecordNamer()
     for i, record in enumerate(records):
         if not isinstance(record, dict):
@@ -259,6 +268,10 @@ def _read_parquet(path: Path, skips: SkipLog) -> Iterator[Document]:
             f"{path}: Parquet input needs columns doc_id and text; missing {sorted(missing)} (has "
             f"{file.schema_arrow.names})"
         )
+    return _parquet_rows(path, file, skips)
+
+
+def _parquet_rows(path: Path, file, skips: SkipLog) -> Iterator[Document]:
     row = 0
     for batch in file.iter_batches(columns=["doc_id", "text"], batch_size=1024):
         for doc_id, text in zip(batch.column("doc_id").to_pylist(), batch.column("text").to_pylist()):

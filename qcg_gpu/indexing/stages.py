@@ -51,7 +51,7 @@ from ..index_format import (
 from ..log import logger, progress_bar
 from .chunking import Chunk, chunk_document, load_tokenizer
 from .doc2query_minus import keep_mask
-from .documents import SkipLog, read_documents
+from .documents import Document, SkipLog, read_documents
 from .knn import KnnGraph, knn_graph
 from .nodes import Nodes, pair_nodes, pair_text, sentence_nodes
 
@@ -221,9 +221,14 @@ def read_chunks(input_path, config: IndexConfig, summary: IndexSummary) -> list[
 
 
 def iter_chunks(input_path, config: IndexConfig, summary: IndexSummary, skips: SkipLog) -> Iterator[Chunk]:
-    """The chunks of the documents at ``input_path`` as they are read (``summary`` counts the documents)."""
+    """The chunks of the documents at ``input_path`` as they are read (``summary`` counts the documents).
+    A bad input (missing, an empty folder, not Parquet...) is refused here, before a progress bar is drawn."""
     tokenizer = load_tokenizer(config.chunking.tokenizer)
-    for doc in progress_bar(read_documents(input_path, skips), desc="chunk documents", unit="doc"):
+    return _chunked(read_documents(input_path, skips), tokenizer, config, summary)
+
+
+def _chunked(documents: Iterator[Document], tokenizer, config: IndexConfig, summary: IndexSummary) -> Iterator[Chunk]:
+    for doc in progress_bar(documents, desc="chunk documents", unit="doc"):
         summary.documents += 1
         yield from chunk_document(doc.doc_id, doc.pieces(), tokenizer, config.chunking)
 
