@@ -52,12 +52,21 @@ def test_a_text_embeds_to_the_same_bits_whatever_the_thread_count(caps, tmp_path
     unless its strict reproducible mode is on)."""
     env = {k: v for k, v in os.environ.items() if k not in AVX2_LIBRARIES and k != "MKL_CBWR"} | caps
     runs = {"two": ("2",), "one": ("1",), "one_then_two": ("1", "2")}  # OMP_NUM_THREADS[, then torch's]
-    for name, (threads, *then) in runs.items():
-        command = [sys.executable, "-m", "tests.cpu_kind_embeddings", str(tmp_path / f"{name}.npy"), *then]
-        run = subprocess.run(
-            command, cwd=ROOT, env=env | {"OMP_NUM_THREADS": threads}, capture_output=True, text=True, timeout=600
+    logs = {name: open(tmp_path / f"{name}.log", "w") for name in runs}  # files, not pipes: none fills up
+    processes = {  # side by side: the bits do not depend on the load, and each start takes ~7 s of imports
+        name: subprocess.Popen(
+            [sys.executable, "-m", "tests.cpu_kind_embeddings", str(tmp_path / f"{name}.npy"), *then],
+            cwd=ROOT,
+            env=env | {"OMP_NUM_THREADS": threads},
+            stdout=subprocess.DEVNULL,
+            stderr=logs[name],
         )
-        assert run.returncode == 0, run.stderr[-3000:]
+        for name, (threads, *then) in runs.items()
+    }
+    for name, process in processes.items():
+        returncode = process.wait(timeout=600)
+        logs[name].close()
+        assert returncode == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
     two = np.load(tmp_path / "two.npy")
     assert len(two) == 64
     for name in ("one", "one_then_two"):
