@@ -59,7 +59,9 @@ def test_triton_kernel_in_the_interpreter():
         "tests/test_kernels.py",
         "tests/test_retrieval.py",
         "-k",
-        "gather_dot or interpreted or (torch-cpu and (tiny or ties or expansion or no_seed or several))",
+        # the kernel's edges (a partial block of rows, padding, 3 column steps) are in gather_dot's own case;
+        # the backend's tests at a few nodes run it in place (its 9000-node tiles took 28 of 40 s here)
+        "gather_dot or interpreted or (torch-cpu and (tiny or ties or expansion or no_seed))",
     ]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
