@@ -114,10 +114,11 @@ def test_pair_build_on_ray_with_real_vllm_equals_one_process(tmp_path, cluster, 
 @pytest.mark.llm
 def test_pair_build_through_ray_data_llm_equals_one_process(tmp_path, cluster, embedder):
     """--ray-llm data: ray.data.llm's vLLM processor (on CPU bundles here) generates every chunk's
-    pairs, cached under the same keys, so one process reading that cache builds the same index."""
+    pairs, cached under the same keys, so one process reading that cache builds the same index. One
+    engine on every core: the processor's pre- and postprocessing tasks then waited for a core for ever."""
     assert not cluster.uses_ray_data_llm()  # 'auto' keeps the engine actors on a CPU cluster
     cluster.release()  # the processor's engines need the workers' cores
-    data = RayCluster(RayConfig(ray=True, ray_workers=2, ray_llm="data"))
+    data = RayCluster(RayConfig(ray=True, ray_workers=1, ray_llm="data"))
     assert isinstance(ray_llm(data, GenerationConfig()), RayDataLLM)
     docs, config = sample_docs(tmp_path / "docs", 2), _config(tmp_path)
     try:

@@ -264,9 +264,10 @@ class RayDataLLM(RayLLM):
     """The same engines run by ray.data.llm's vLLM processor: Ray Data starts them (placement groups
     for multi-GPU engines are its own), feeds each batches of rows, keeps several batches in flight
     per engine, and streams the finished rows back; each reply is handed over as it arrives.
-    The light stages (chat template, tokenizer, detokenizer: one actor each) reserve no core, so that
-    the engines get every core (on a CPU cluster, a reserved share for them would leave the last
-    engine unplaced and the run waiting for ever)."""
+    The light stages (our pre- and postprocessing, chat template, tokenizer, detokenizer) reserve no
+    core, so that the engines get every core (on a CPU cluster, a reserved share for them would leave
+    an engine unplaced, or one engine on every core would leave the preprocessing unplaced, and the run
+    waiting for ever)."""
 
     def __init__(self, config: GenerationConfig, cluster: RayCluster):
         super().__init__(config, cluster)
@@ -309,7 +310,13 @@ class RayDataLLM(RayLLM):
             tokenize_stage=llm.TokenizerStageConfig(**light),
             detokenize_stage=llm.DetokenizeStageConfig(**light),
         )
-        return llm.build_processor(config, preprocess=_request_row, postprocess=_reply_row)
+        return llm.build_processor(
+            config,
+            preprocess=_request_row,
+            postprocess=_reply_row,
+            preprocess_map_kwargs=light,  # a core each by default: with one engine on every core, none was left
+            postprocess_map_kwargs=light,
+        )
 
     def _replies(self, conversations, sampling: SamplingSpec, batch_size: int):
         """The conversations as Ray Data rows through the processor; each reply as its row comes back."""
