@@ -112,7 +112,7 @@ def test_pair_build_on_ray_with_real_vllm_equals_one_process(tmp_path, cluster, 
 
 
 @pytest.mark.llm
-def test_pair_build_through_ray_data_llm_equals_one_process(tmp_path, cluster, embedder):
+def test_pair_build_through_ray_data_llm_equals_one_process(tmp_path, cluster, embedder, capfd):
     """--ray-llm data: ray.data.llm's vLLM processor (on CPU bundles here) generates every chunk's
     pairs, cached under the same keys, so one process reading that cache builds the same index. One
     engine on every core: the processor's pre- and postprocessing tasks then waited for a core for ever."""
@@ -127,6 +127,7 @@ def test_pair_build_through_ray_data_llm_equals_one_process(tmp_path, cluster, e
         data.release()
     assert on_ray.generated_chunks == 2 and not on_ray.failed_chunks and on_ray.pairs_kept > 0
     assert on_ray.generated_output_tokens > 0
+    assert "logging_progress" not in capfd.readouterr().err  # Ray Data's progress lines: --verbose only
     one = build_index(docs, tmp_path / "one", config, embedder=embedder)
     assert one.generated_chunks == 0 and one.cached_chunks == 2
     assert_identical(tmp_path / "ray", tmp_path / "one", also_differs=("llm_tokens", "replies_from_earlier_runs"))

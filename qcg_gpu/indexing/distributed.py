@@ -28,6 +28,7 @@ engine).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -52,7 +53,7 @@ from ..llm.backends import (
     llm_name,
     request_seed,
 )
-from ..log import engine_log_level, progress_bar, quiet
+from ..log import engine_log_level, errors_only, progress_bar, quiet
 from ..models import DEFAULT_EMBEDDER, DEFAULT_LLM, resolve_model
 from . import ivf
 from .knn import KnnGraph, exact_rows, grown_shard_rows, shard_rows
@@ -328,8 +329,13 @@ class RayDataLLM(RayLLM):
         # Rows per Ray Data batch: a quarter of the window. The processor keeps up to 8 batches in flight
         # per engine, so an engine is refilled batch by batch as earlier ones finish instead of draining.
         processor = self.processor(engines, max(1, batch_size // 4))
-        for out in processor(self.cluster.ray.data.from_items(rows)).iter_rows():
-            yield [int(out["row"])], [_completion_of_row(out)]
+        verbose = engine_log_level() == "INFO"
+        # Ray Data's own progress (~100 log lines a run where stderr is not a terminal) only with --verbose:
+        # the "LLM replies" bar shows the same
+        self.cluster.ray.data.DataContext.get_current().enable_progress_bars = verbose
+        with contextlib.nullcontext() if verbose else errors_only("ray.data"):
+            for out in processor(self.cluster.ray.data.from_items(rows)).iter_rows():
+                yield [int(out["row"])], [_completion_of_row(out)]
 
 
 def ray_sampling(sampling: SamplingSpec, conversation) -> dict:
