@@ -90,7 +90,11 @@ def pop_config_file(argv: list[str]) -> tuple[str | None, list[str]]:
 
 def add_output_options(parser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bars or stage messages")
-    parser.add_argument("--verbose", action="store_true", help="also show the LLM engine's own log (vLLM's INFO lines)")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also show the LLM engine's own log (vLLM's INFO lines) and torch's C++ notices",
+    )
 
 
 def add_retrieval_options(parser, preset_help: str) -> None:
