@@ -329,13 +329,22 @@ class RayDataLLM(RayLLM):
         # Rows per Ray Data batch: a quarter of the window. The processor keeps up to 8 batches in flight
         # per engine, so an engine is refilled batch by batch as earlier ones finish instead of draining.
         processor = self.processor(engines, max(1, batch_size // 4))
-        verbose = engine_log_level() == "INFO"
-        # Ray Data's own progress (~100 log lines a run where stderr is not a terminal) only with --verbose:
-        # the "LLM replies" bar shows the same
-        self.cluster.ray.data.DataContext.get_current().enable_progress_bars = verbose
-        with contextlib.nullcontext() if verbose else errors_only("ray.data"):
+        with _ray_data_progress(self.cluster.ray, shown=engine_log_level() == "INFO"):
             for out in processor(self.cluster.ray.data.from_items(rows)).iter_rows():
                 yield [int(out["row"])], [_completion_of_row(out)]
+
+
+@contextlib.contextmanager
+def _ray_data_progress(ray, shown: bool):
+    """Ray Data's own progress (~100 log lines a run where stderr is not a terminal) shown only with
+    --verbose, as the "LLM replies" bar shows the same; set back afterwards, for a caller's own pipelines."""
+    context = ray.data.DataContext.get_current()
+    before, context.enable_progress_bars = context.enable_progress_bars, shown
+    try:
+        with contextlib.nullcontext() if shown else errors_only("ray.data"):
+            yield
+    finally:
+        context.enable_progress_bars = before
 
 
 def ray_sampling(sampling: SamplingSpec, conversation) -> dict:
