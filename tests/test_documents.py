@@ -118,6 +118,22 @@ def test_jsonl_with_bad_lines_and_duplicates(tmp_path):
     assert skips["docs.jsonl:8"] == "not a JSON object"
 
 
+def test_a_plan_and_a_build_summary_name_the_skipped_lines(tmp_path):
+    from qcg_gpu.config import IndexConfig
+    from qcg_gpu.indexing.forecast import forecast
+    from qcg_gpu.indexing.stages import IndexSummary
+
+    path = tmp_path / "docs.jsonl"
+    path.write_text("\n".join([json.dumps({"doc_id": "d1", "text": "kept"})] + [f"{{bad {i}" for i in range(12)]))
+    plan = forecast(path, IndexConfig()).format()
+    assert "dry run: 1 documents (12 skipped)" in plan, plan
+    assert "skipped docs.jsonl:2: invalid JSON" in plan and "docs.jsonl:11:" in plan and "docs.jsonl:12:" not in plan
+    assert "... and 2 more skipped (a build's manifest.json lists them all)" in plan
+    summary = IndexSummary(out=tmp_path / "idx", skipped=[(f"d{i}", "empty document") for i in range(11)]).format()
+    assert "skipped d9: empty document" in summary and "skipped d10" not in summary
+    assert f"... and 1 more skipped ({tmp_path / 'idx'}/manifest.json lists them all)" in summary
+
+
 def test_parquet_input(tmp_path):
     path = tmp_path / "docs.parquet"
     pq.write_table(pa.table({"doc_id": ["a", "b", "a"], "text": ["x", None, "y"], "extra": [1, 2, 3]}), path)

@@ -9,7 +9,7 @@ throughput to ``throughput.jsonl`` next to its generation cache (``throughput.py
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from ..llm.backends import llm_name
 from ..llm.cache import GenerationCache, generation_cache
 from ..models import DEFAULT_EMBEDDER, DEFAULT_LLM, embedding_dim, resolve_model
 from . import doc2query
-from .stages import IndexSummary, index_size, read_chunks
+from .stages import IndexSummary, index_size, read_chunks, skipped_lines
 from .throughput import measured_runs
 
 
@@ -49,6 +49,7 @@ class Forecast:
     tokens_per_s: float | None
     rate_source: str
     index_bytes: int | None = None  # expected (stages.index_size); None where the embedder's size is unknown
+    skipped: list = field(default_factory=list)  # (document or line, reason): left out of the build
 
     @property
     def seconds(self) -> float | None:
@@ -57,8 +58,8 @@ class Forecast:
     def format(self) -> str:
         hours = f"{self.seconds / 3600:.2f} h ({self.seconds:.0f} s)" if self.seconds is not None else "unknown"
         lines = [
-            f"dry run: {self.documents} documents, {self.chunks} chunks, {self.cached_chunks} already generated "
-            f"(cache)",
+            f"dry run: {self.documents} documents ({len(self.skipped)} skipped), {self.chunks} chunks, "
+            f"{self.cached_chunks} already generated (cache)",
             f"  to generate: {self.chunks - self.cached_chunks} chunks",
             f"  prompt tokens: {self.prompt_tokens} ({self.prompt_counted_with})",
             f"  output tokens: ~{self.output_tokens} expected, at most {self.output_cap} ({self.output_source})",
@@ -67,6 +68,7 @@ class Forecast:
         if self.index_bytes is not None:
             size = f"{self.index_bytes / 1e9:.2f} GB" if self.index_bytes >= 1e9 else f"{self.index_bytes / 1e6:.1f} MB"
             lines.append(f"  index on disk: ~{size} (chunk texts, embeddings, kNN rows; every reply valid)")
+        lines += skipped_lines(self.skipped, "a build's manifest.json lists them all")
         return "\n".join(lines)
 
 
@@ -90,6 +92,7 @@ def forecast(input_path: str | Path, config: IndexConfig) -> Forecast:
             None,
             "no LLM",
             size,
+            summary.skipped,
         )
     cache = GenerationCache(generation_cache(gen))
     try:
@@ -135,6 +138,7 @@ def forecast(input_path: str | Path, config: IndexConfig) -> Forecast:
         rate,
         rate_source,
         size,
+        summary.skipped,
     )
 
 

@@ -137,9 +137,19 @@ class IndexSummary:
         if self.empty_chunks:
             lines.append(f"  chunks with no valid pair: {self.empty_chunks}")
         lines += [f"  note: {note}" for note in self.notes]
-        for what, reason in self.skipped:
-            lines.append(f"  skipped {what}: {reason}")
+        lines += skipped_lines(self.skipped, f"{self.out}/manifest.json lists them all")
         return "\n".join(lines)
+
+
+SKIPS_SHOWN = 10  # a corpus with thousands of bad lines gets a count, not a screenful
+
+
+def skipped_lines(skipped: list, where_all: str) -> list[str]:
+    """The summary lines of the documents (or input lines) left out: the first ``SKIPS_SHOWN``, then a count."""
+    lines = [f"  skipped {what}: {reason}" for what, reason in skipped[:SKIPS_SHOWN]]
+    if len(skipped) > SKIPS_SHOWN:
+        lines.append(f"  ... and {len(skipped) - SKIPS_SHOWN} more skipped ({where_all})")
+    return lines
 
 
 @contextmanager
