@@ -188,6 +188,8 @@ def test_command_line_add_and_remove(tmp_path, cli):
     # the summary counts what was added, but the edges of the whole index (old rows change too)
     graph = f"graph: {counts['nodes'] - nodes_before} nodes added, {counts['knn_edges']} kNN edges in the index"
     assert added.stdout.startswith(f"documents added to {tmp_path / 'idx'}\n") and graph in added.stdout, added.stdout
+    planned = cli("index", "plan", new, tmp_path / "idx", "--add")  # the plan refuses what the add would
+    assert planned.returncode == 2 and "documents are in the index already" in planned.stderr, planned
     doc = next(new.glob("*.txt")).stem
     removed = cli("index", tmp_path / "idx", "--remove", doc, "--quiet")
     assert removed.returncode == 0 and "removed 1 documents" in removed.stdout, removed.stderr

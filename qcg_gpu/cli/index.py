@@ -194,5 +194,5 @@ def run_plan(args) -> int:
         config = index_settings(manifest, index_config(args, manifest["settings"]))
     else:
         config = build_config(args)
-    print(forecast(args.input, config).format())
+    print(forecast(args.input, config, add_to=args.out if args.add else None).format())
     return 0

@@ -72,10 +72,17 @@ class Forecast:
         return "\n".join(lines)
 
 
-def forecast(input_path: str | Path, config: IndexConfig) -> Forecast:
+def forecast(input_path: str | Path, config: IndexConfig, add_to: str | Path | None = None) -> Forecast:
+    """What building an index of ``input_path`` costs; or adding it to the index ``add_to``, which refuses
+    documents that index holds already, as the add would."""
     config.validate()
     gen, summary = config.generation, IndexSummary(out=Path("."))
     chunks = read_chunks(input_path, config, summary)
+    if add_to is not None:
+        from ..index_format import read_manifest
+        from .incremental import refuse_known_documents
+
+        refuse_known_documents(Path(add_to), read_manifest(add_to), chunks)
     dim = embedding_dim(resolve_model(config.nodes.embedder, DEFAULT_EMBEDDER)[0])
     size = index_size(chunks, config, dim)[1] if dim else None
     model = llm_name(gen)

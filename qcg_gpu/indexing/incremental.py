@@ -134,6 +134,18 @@ def _locked_manifest(index: Path):
         yield read_index_manifest(index)
 
 
+def refuse_known_documents(index: Path, manifest: dict, chunks: list[Chunk]) -> pa.Table:
+    """The doc_id column of the index's chunks; an add may not bring a document the index holds already
+    (it would be there twice)."""
+    doc_ids = load_table(index, "chunks", manifest, columns=["doc_id"])  # not the texts: the index may be huge
+    clash = sorted({c.doc_id for c in chunks} & set(doc_ids.column("doc_id").to_pylist()))
+    if clash:
+        raise QCGError(
+            f"{len(clash)} documents are in the index already (remove them first to replace them): {clash[:5]}"
+        )
+    return doc_ids
+
+
 def add_documents(
     index: str | Path,
     input_path: str | Path,
@@ -151,12 +163,7 @@ def add_documents(
         summary = IndexSummary(out=index)
         with stage(summary, "chunk"):
             chunks = read_chunks(input_path, config, summary)
-        doc_ids = load_table(index, "chunks", manifest, columns=["doc_id"])  # not the texts: the index may be huge
-        clash = sorted({c.doc_id for c in chunks} & set(doc_ids.column("doc_id").to_pylist()))
-        if clash:
-            raise QCGError(
-                f"{len(clash)} documents are in the index already (remove them first to replace them): {clash[:5]}"
-            )
+        doc_ids = refuse_known_documents(index, manifest, chunks)
         added = _new_nodes(manifest, chunks, config, summary, llm, embedder, cluster)
         change = {"op": "add", "documents": summary.documents, "chunks": len(chunks)}
         change |= _batch_record(int(manifest["counts"]["chunks"]), len(chunks), config, summary)
