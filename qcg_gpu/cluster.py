@@ -14,7 +14,7 @@ import socket
 from .capabilities import numba_threads_to_share, reproducible_mkl, require
 from .config import RayConfig
 from .errors import QCGError
-from .log import errors_only, progress_bar
+from .log import engine_log_level, errors_only, hide_engine_notices, progress_bar
 
 REACH_TIMEOUT_S = 10  # a cluster's address that answers no TCP connection in this time is refused
 
@@ -46,6 +46,16 @@ def _own_token_for_a_local_cluster():
         yield
 
 
+def _worker_setup() -> dict:
+    """The runtime environment of a cluster's workers: they embed like this process, and their LLM engines
+    log errors only unless --verbose (as one in this process does)."""
+    setup: dict = {"env_vars": reproducible_mkl()}
+    if engine_log_level() != "INFO":
+        hide_engine_notices()  # this process imports ray.data.llm, and with it vLLM, too
+        setup["worker_process_setup_hook"] = f"{hide_engine_notices.__module__}.{hide_engine_notices.__name__}"
+    return setup
+
+
 class RayCluster:
     """A connection to a Ray cluster (started here for ``local``) and the share of it each worker gets."""
 
@@ -65,7 +75,7 @@ class RayCluster:
                         logging_level=logging.WARNING,
                         configure_logging=False,
                         ignore_reinit_error=True,
-                        runtime_env={"env_vars": reproducible_mkl()},  # workers embed like this process
+                        runtime_env=_worker_setup(),
                     )
             except Exception as exc:  # ConnectionError, or a failed local start
                 raise QCGError(f"cannot connect to the Ray cluster {config.ray_address!r}: {exc}") from exc

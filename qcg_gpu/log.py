@@ -58,6 +58,18 @@ def engine_log_level() -> str:
     return "INFO" if logger.isEnabledFor(logging.DEBUG) else "ERROR"
 
 
+def hide_engine_notices() -> None:
+    """Errors only from the LLM engine's loggers, set before it loads: vLLM logs at import ("Triton is
+    installed, but doesn't include CPU backend"), and ray.data.llm's stages log each batch at INFO. A Ray
+    cluster qcg starts runs this in each of its worker processes (Ray's ``worker_process_setup_hook``),
+    unless --verbose; a process an engine starts in turn logs that import notice still."""
+    for name in ("vllm", "ray.llm"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    ray_llm = logging.getLogger("ray.llm")
+    if not ray_llm.handlers:  # else ray.data.llm gives each of its loggers INFO and a handler of its own
+        ray_llm.addHandler(logging.StreamHandler())
+
+
 @contextmanager
 def errors_only(logger_name: str):
     """The named logger's warnings and info hidden for a while (a library's notice that we have answered)."""
