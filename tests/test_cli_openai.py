@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -111,6 +113,50 @@ def test_bad_input_gets_one_clear_line(args, message, few_docs, tmp_path):
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.llm
+def test_a_model_the_server_does_not_serve_stops_the_run_in_one_line(vllm_server, few_docs, small_index, tmp_path):
+    """Every request would fail (404): the build and the answers stop at the first, in one line, writing nothing
+    (they failed every chunk, and wrote an index of none)."""
+    served = ("--backend", "openai", "--base-url", vllm_server, "--model", "smollm-2", "--quiet")
+    for command in (
+        ("index", few_docs, tmp_path / "idx"),
+        ("answer", small_index, "--query", "Who is Adam?", "--gamma", "1.0"),
+    ):
+        result = qcg(*command, *served)
+        assert result.returncode == 2 and result.stdout == "", result.stderr[-2000:]
+        message = f"qcg: error: the server at {vllm_server} answered 404 for model 'smollm-2' (it serves ['smollm2'])"
+        assert result.stderr.startswith(message) and len(result.stderr.splitlines()) == 1, result.stderr
+    assert not (tmp_path / "idx").exists()
+
+
+def test_a_server_that_refuses_the_api_key_is_named_in_one_line(few_docs, tmp_path, cli, monkeypatch):
+    """A server that answers 401 (a stand-in for one started with --api-key): the run stops at the first reply."""
+
+    class Refuses(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.send_response(401)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refuses)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setenv("QCG_TEST_KEY", "wrong")
+    try:
+        build = ("index", few_docs, tmp_path / "idx", "--backend", "openai", "--base-url", url, "--model", "m")
+        missing = cli(*build, "--quiet")
+        assert missing.returncode == 2 and f"{url} needs an API key: set $OPENAI_API_KEY" in missing.stderr
+        wrong = cli(*build, "--api-key-env", "QCG_TEST_KEY", "--quiet")
+        assert wrong.returncode == 2 and f"{url} refused the API key in $QCG_TEST_KEY" in wrong.stderr
+    finally:
+        server.shutdown()
+    assert not (tmp_path / "idx").exists()
 
 
 @pytest.mark.llm

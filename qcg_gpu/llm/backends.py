@@ -6,7 +6,9 @@
   hosted APIs), many requests in flight, retries with exponential backoff.
 
 A request that fails for good comes back with ``error`` set, never as an
-exception, so one bad request cannot sink a batch of thousands.
+exception, so one bad request cannot sink a batch of thousands; only an answer
+that every request would get (a server without the model, or refusing the API
+key) stops the run, in one line.
 """
 
 from __future__ import annotations
@@ -341,6 +343,7 @@ class OpenAIBackend(LLMBackend):
         openai = require("openai")
         self.model_name = llm_name(config)
         self.concurrency = config.concurrency
+        self.api_key_env = config.api_key_env
         # The client retries 408/409/429/5xx and connection errors with exponential backoff and jitter.
         self.client = openai.OpenAI(
             base_url=config.base_url,
@@ -348,6 +351,9 @@ class OpenAIBackend(LLMBackend):
             max_retries=config.max_retries,
             timeout=config.request_timeout,
         )
+        # answers no request of the run can get past: the run stops at the first, in one line
+        self.refusals = (openai.NotFoundError, openai.AuthenticationError, openai.PermissionDeniedError)
+        self.not_found = openai.NotFoundError
 
     def reproducibility(self) -> str:
         return f"per-request seeds sent to the server: whether they fix the replies is the server's promise; {REPLAY}"
@@ -371,6 +377,8 @@ class OpenAIBackend(LLMBackend):
                 seed=request_seed(sampling.seed, conversation),
                 **extra,
             )
+        except self.refusals as exc:
+            raise self._refused(exc) from exc
         except Exception as exc:  # after the client's retries: report, never raise
             return Completion(error=f"{exc.__class__.__name__}: {exc}"[:500])
         choice, usage = response.choices[0], response.usage
@@ -380,6 +388,26 @@ class OpenAIBackend(LLMBackend):
             output_tokens=getattr(usage, "completion_tokens", 0) or 0,
             finish_reason=choice.finish_reason,
         )
+
+    def _refused(self, exc) -> QCGError:
+        """The one line for an answer that every request would get: no such model (or path), or no access."""
+        server = f"the server at {str(self.client.base_url).rstrip('/')}"
+        if isinstance(exc, self.not_found):
+            return QCGError(
+                f"{server} answered 404 for model {self.model_name!r} ({self._served()}): give a model it serves as "
+                "--model, or check --base-url"
+            )
+        key = f"${self.api_key_env}"
+        if not os.environ.get(self.api_key_env):
+            return QCGError(f"{server} needs an API key: set {key} (or name another variable with --api-key-env)")
+        return QCGError(f"{server} refused the API key in {key} ({exc.__class__.__name__})")
+
+    def _served(self) -> str:
+        try:
+            served = [model.id for model in self.client.with_options(max_retries=0, timeout=10).models.list()]
+        except Exception:
+            return "its model list did not answer"
+        return f"it serves {served[:5]}" if served else "it lists no model"
 
     def chat(self, conversations, sampling):
         return collect(self.chat_batches(conversations, sampling, len(conversations)), len(conversations))
