@@ -70,8 +70,8 @@ def _add_query_arguments(parser) -> None:
     parser.add_argument(
         "--html",
         metavar="OUT.html",
-        help="with --trace: also a page to open in a browser, each query's chunks and its path from the question "
-        "through the seeds and hops",
+        help="also a page to open in a browser, each query's chunks and its path from the question through the "
+        "seeds and hops (QCG's traces: the JSON lines carry them only with --trace)",
     )
     parser.add_argument("--out", help="write JSON lines here instead of stdout")
     parser.add_argument(
@@ -96,10 +96,9 @@ def run(args) -> int:
         raise QCGError(f"--ray runs QCG retrieval and answering; --method {args.method} retrieves in this process")
     if args.format != "jsonl" and args.trace:
         raise QCGError(f"--trace needs --format jsonl (a {args.format} run has no room for it)")
-    if args.trace and args.method != "qcg":
-        raise QCGError(f"--trace follows QCG's seeds and hops; --method {args.method} ranks chunks without them")
-    if args.html and not args.trace:
-        raise QCGError("--html draws QCG traces: pass --trace (with --method qcg)")
+    traced = "--trace" if args.trace else "--html" if args.html else None  # what needs QCG's traces
+    if traced and args.method != "qcg":
+        raise QCGError(f"{traced} follows QCG's seeds and hops; --method {args.method} ranks chunks without them")
     check_output_file(args.html, "--html")
     if args.answers and args.embeddings:
         raise QCGError("qcg answer needs query texts (--query or --queries), not --embeddings")
@@ -108,9 +107,9 @@ def run(args) -> int:
     ray = ray_config(args)
     # on the shards of a sharded index, the workers hold the nodes and this process none of them
     on_shards = ray.ray and args.method == "qcg" and ray_mode(ray.ray_mode, read_manifest(args.index)) == "shards"
-    if on_shards and args.trace:
+    if on_shards and traced:
         raise QCGError(
-            "--trace walks the graph in this process; with --ray on a sharded index, pass --ray-mode queries"
+            f"{traced} walks the graph in this process; with --ray on a sharded index, pass --ray-mode queries"
         )
     index = QCGIndex.load(args.index, verify=not args.no_verify, nodes=not on_shards)
     cluster = ray_cluster(args)
@@ -129,7 +128,7 @@ def run(args) -> int:
     result = search(index, vectors, config, args.method, embedder, cluster if args.method == "qcg" else None)
     if args.method == "qcg":
         _say_which_found_no_seed(result, config)
-    records = query_io.describe(index, ids, texts, result, config, vectors if args.trace else None)
+    records = query_io.describe(index, ids, texts, result, config, vectors if traced else None)
     if answer_config:
         query_io.add_answers(records, texts or [], index, llm, answer_config)
     if args.html:
@@ -138,6 +137,8 @@ def run(args) -> int:
 
         traces = readable_traces(index, [record["trace"] for record in records])
         write_query_page(args.html, records, traces, index, config.top_k)
+        if not args.trace:  # drawn, not asked for in the results
+            records = [{k: v for k, v in record.items() if k != "trace"} for record in records]
     if args.format == "jsonl":
         lines = [json.dumps(record, ensure_ascii=False) + "\n" for record in records]
     else:
