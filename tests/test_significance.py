@@ -3,6 +3,7 @@ per-question results checked against scipy's own bootstrap and permutation test.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import numpy as np
@@ -125,6 +126,21 @@ def test_a_report_carries_the_comparisons(dev_run):
     write_report(evaluation, report.parent / "other", {}, [], baseline="d2q")  # not evaluated in this run
     assert not (report.parent / "other" / "comparisons.csv").exists()
     assert "No comparisons: the baseline d2q was not evaluated" in (report.parent / "other" / "summary.md").read_text()
+
+
+def test_a_report_written_over_another_leaves_none_of_its_files(dev_run, tmp_path):
+    """A rerun into the same --out kept the earlier run's comparisons, method run files and sweeps beside
+    the new results (and qcg report drew them together)."""
+    evaluation, _ = dev_run
+    out = tmp_path / "report"
+    write_report(evaluation, out, {}, [], baseline="naive")
+    (out / "sweep_hops.csv").write_text("hops,R@5\n")  # as a run with --sweeps hops left it
+    (out / "notes.txt").write_text("mine")
+    naive_only = dataclasses.replace(evaluation, records=[r for r in evaluation.records if r["method"] == "naive"])
+    written = write_report(naive_only, out, {}, [], baseline="naive")
+    left = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert left == sorted([str(p.relative_to(out)) for p in written] + ["notes.txt"]), left
+    assert "runs/qcg.documents.run" not in left and "comparisons.csv" not in left
 
 
 def test_a_baseline_that_is_not_evaluated_is_refused():

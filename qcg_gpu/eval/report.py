@@ -102,6 +102,7 @@ def write_report(
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    _remove_an_earlier_run(out)
     written = [out / "results.jsonl", out / "summary.md", out / "summary.csv"]
     with open(written[0], "w", encoding="utf-8") as fh:
         for record in evaluation.records:
@@ -181,6 +182,31 @@ def _selected_on_dev(rows: list[dict]) -> str:
         "these questions: the best of many on a small split is partly luck, so confirm it once on questions it was "
         "not picked on (benchmarks/lihuaworld/run.sh confirm)."
     )
+
+
+# what write_report writes into a folder: all of it goes before a new report is written there, so that no
+# sweep, method run file or run.json of an earlier evaluation stays beside this one's results
+REPORT_FILES = (
+    "results.jsonl",
+    "summary.md",
+    "summary.csv",
+    "comparisons.csv",
+    "sweep_*.csv",
+    "sweep_*.png",
+    "qrels.*.txt",
+    "runs/*.run",
+    "run.json",
+    "traces.jsonl",
+    "report.html",
+)
+
+
+def _remove_an_earlier_run(out: Path) -> None:
+    earlier = [path for pattern in REPORT_FILES for path in out.glob(pattern)]
+    if earlier:
+        logger.info(f"replacing the earlier evaluation in {out} ({len(earlier)} files)")
+    for path in earlier:
+        path.unlink()
 
 
 def write_runs(evaluation: Evaluation, out: Path) -> list[Path]:
