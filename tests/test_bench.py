@@ -74,8 +74,11 @@ def test_qcg_bench_prints_tables_and_writes_json(tmp_path, capsys):
     assert knn["nodes"] == 4000 and knn["edge_recall"] > 0.9 and knn["exact_build_s"] is not None
     assert {r["texts"] for r in rows if r["part"] == "embedding"} == {"short", "long"}
     assert all(r["cpu"] for r in rows)
-    printed = capsys.readouterr().out
-    assert "### retrieval" in printed and "### knn" in printed and "### embedding" in printed
+    printed = capsys.readouterr()
+    assert "### retrieval" in printed.out and "### knn" in printed.out and "### embedding" in printed.out
+    assert printed.out.startswith("machine: ")  # the tables alone: each row went to stderr as it was measured
+    progress = [json.loads(line.removeprefix("[qcg] ")) for line in printed.err.splitlines() if "{" in line]
+    assert progress == [{k: v for k, v in r.items() if k != "cpu"} for r in rows]
 
 
 @pytest.mark.parametrize(

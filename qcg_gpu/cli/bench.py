@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 from ..config import GenerationConfig, GraphConfig, IndexConfig, RetrievalConfig
 from ..eval.bench import BenchConfig
+from ..log import logger
 from .options import add_options, resolve
 
 
@@ -13,7 +16,8 @@ def add_parser(commands) -> None:
         help="measure retrieval (against faiss+numpy and torch.topk), kNN, embedding and Doc2Query speed here",
         description="Measure this machine: retrieval q/s per backend next to the faiss+numpy and torch.topk routes "
         "on a synthetic index, kNN build (exact and approximate), embedding texts/s, and Doc2Query output tok/s "
-        "against the bare vLLM engine. Prints a table per part (and JSON with --json).",
+        "against the bare vLLM engine. Prints a table per part (and JSON with --json); each row shows on stderr as "
+        "it is measured.",
     )
     add_options(bench, BenchConfig(), "bench options")
     add_options(bench, RetrievalConfig(), "retrieval settings", only=("gamma", "n", "hops", "top_k"))
@@ -36,7 +40,8 @@ def run(args) -> int:
     rows = []
     for row in measure(config, retrieval, settings):
         rows.append(row)
-        print({k: v for k, v in row.items() if k != "cpu"}, flush=True)  # each row as it is measured
+        # each row on stderr as it is measured (measurements take minutes); stdout holds the tables alone
+        logger.info(json.dumps({k: v for k, v in row.items() if k != "cpu"}))
     print(format_table(rows))
     if config.json:
         write_json(rows, config.json)
