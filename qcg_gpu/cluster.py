@@ -46,13 +46,15 @@ def _own_token_for_a_local_cluster():
         yield
 
 
-def _worker_setup() -> dict:
-    """The runtime environment of a cluster's workers: they embed like this process, and their LLM engines
-    log errors only unless --verbose (as one in this process does)."""
+def _worker_setup(local: bool) -> dict:
+    """The runtime environment of a cluster's workers: they embed like this process, and the LLM engines of
+    a local cluster log errors only unless --verbose, as one in this process does (a worker that cannot run
+    the hook exits: only on this machine is qcg_gpu surely there to import)."""
     setup: dict = {"env_vars": reproducible_mkl()}
     if engine_log_level() != "INFO":
         hide_engine_notices()  # this process imports ray.data.llm, and with it vLLM, too
-        setup["worker_process_setup_hook"] = f"{hide_engine_notices.__module__}.{hide_engine_notices.__name__}"
+        if local:
+            setup["worker_process_setup_hook"] = f"{hide_engine_notices.__module__}.{hide_engine_notices.__name__}"
     return setup
 
 
@@ -75,7 +77,7 @@ class RayCluster:
                         logging_level=logging.WARNING,
                         configure_logging=False,
                         ignore_reinit_error=True,
-                        runtime_env=_worker_setup(),
+                        runtime_env=_worker_setup(local),
                     )
             except Exception as exc:  # ConnectionError, or a failed local start
                 raise QCGError(f"cannot connect to the Ray cluster {config.ray_address!r}: {exc}") from exc
