@@ -90,6 +90,23 @@ def test_unreachable_server_fails_chunks_not_the_run(few_docs, tmp_path, cli):
     assert read_manifest(out)["counts"]["chunks_failed"] == 4
 
 
+def test_a_server_that_is_down_is_not_sent_the_rest_of_the_run():
+    """Each request to a server that is down waits out its retries (about 15 s at the default 5): a large
+    corpus spent hours failing chunk after chunk. Past two rounds of --concurrency such failures in a row,
+    the rest fail unsent, for a rerun once the server is back."""
+    from qcg_gpu.config import GenerationConfig
+    from qcg_gpu.llm.backends import OpenAIBackend, SamplingSpec
+
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    config = GenerationConfig(backend="openai", base_url=url, model="m", concurrency=2, max_retries=0)
+    asked = [[{"role": "user", "content": f"question {i}"}] for i in range(30)]
+    replies = OpenAIBackend(config).chat(asked, SamplingSpec(temperature=0.0, top_p=1.0, max_tokens=4, seed=0))
+    errors = [reply.error for reply in replies]
+    tried = [e for e in errors if e.startswith("APIConnectionError")]
+    assert 4 <= len(tried) <= 5, errors  # two rounds of two, and one that had started alongside
+    assert errors.count(f"not sent: 4 requests in a row found no server at {url}") == 30 - len(tried)
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

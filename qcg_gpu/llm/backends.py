@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -338,6 +339,27 @@ def _completion(output) -> Completion:
     )
 
 
+OUTAGE_ROUNDS = 2  # rounds of --concurrency requests that all found no server: the server is down
+
+
+class Outage:
+    """Requests in a row that found no server (connection refused or lost, after their retries). Past
+    ``limit`` the rest of the run is not sent: each would wait out its retries too, hours over a large
+    corpus. They fail like the others, for a rerun (or ``qcg index retry``) once the server is back."""
+
+    def __init__(self, limit: int, server: str):
+        self.limit, self.in_a_row, self.lock = limit, 0, threading.Lock()
+        self.reason = f"not sent: {limit} requests in a row found no server at {server}"
+
+    def record(self, no_server: bool) -> None:
+        with self.lock:
+            self.in_a_row = self.in_a_row + 1 if no_server else 0
+
+    @property
+    def declared(self) -> bool:
+        return self.in_a_row >= self.limit
+
+
 class OpenAIBackend(LLMBackend):
     def __init__(self, config: GenerationConfig):
         openai = require("openai")
@@ -354,11 +376,15 @@ class OpenAIBackend(LLMBackend):
         # answers no request of the run can get past: the run stops at the first, in one line
         self.refusals = (openai.NotFoundError, openai.AuthenticationError, openai.PermissionDeniedError)
         self.not_found = openai.NotFoundError
+        # no server to answer (a timeout, its subclass, may be a busy one)
+        self.no_server, self.timed_out = openai.APIConnectionError, openai.APITimeoutError
 
     def reproducibility(self) -> str:
         return f"per-request seeds sent to the server: whether they fix the replies is the server's promise; {REPLAY}"
 
-    def _one(self, conversation: Conversation, sampling: SamplingSpec) -> Completion:
+    def _one(self, conversation: Conversation, sampling: SamplingSpec, outage: Outage) -> Completion:
+        if outage.declared:
+            return Completion(error=outage.reason)
         extra: dict = {}
         if sampling.repetition_penalty != 1.0:  # a vLLM/llama.cpp extension of the OpenAI API
             extra["extra_body"] = {"repetition_penalty": sampling.repetition_penalty}
@@ -380,7 +406,9 @@ class OpenAIBackend(LLMBackend):
         except self.refusals as exc:
             raise self._refused(exc) from exc
         except Exception as exc:  # after the client's retries: report, never raise
+            outage.record(isinstance(exc, self.no_server) and not isinstance(exc, self.timed_out))
             return Completion(error=f"{exc.__class__.__name__}: {exc}"[:500])
+        outage.record(False)
         choice, usage = response.choices[0], response.usage
         return Completion(
             text=choice.message.content or "",
@@ -415,11 +443,12 @@ class OpenAIBackend(LLMBackend):
     def chat_batches(self, conversations, sampling, batch_size):
         """Each reply as it arrives, ``concurrency`` requests in flight (``batch_size`` is not needed:
         the pool never drains), so a caller can store every one. A caller that stops early sends no
-        request that had not started."""
+        request that had not started, and neither does a run whose server stopped answering (:class:`Outage`)."""
         pool = ThreadPoolExecutor(max_workers=self.concurrency)
         bar = progress_bar(total=len(conversations), desc="LLM requests", unit="reply")
+        outage = Outage(OUTAGE_ROUNDS * self.concurrency, str(self.client.base_url).rstrip("/"))
         try:
-            rows = {pool.submit(self._one, conv, sampling): row for row, conv in enumerate(conversations)}
+            rows = {pool.submit(self._one, conv, sampling, outage): row for row, conv in enumerate(conversations)}
             for future in as_completed(rows):
                 bar.update(1)
                 yield [rows[future]], [future.result()]
