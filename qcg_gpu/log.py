@@ -60,8 +60,8 @@ def engine_log_level() -> str:
 
 def hide_engine_notices() -> None:
     """Errors only from the LLM engine's loggers, set before it loads: vLLM logs at import ("Triton is
-    installed, but doesn't include CPU backend"), and ray.data.llm's stages log each batch at INFO. A Ray
-    cluster qcg starts runs this in each of its worker processes (Ray's ``worker_process_setup_hook``),
+    installed, but doesn't include CPU backend"), and ray.data.llm's stages log each batch at INFO. A local
+    Ray cluster qcg starts runs this in each of its worker processes (Ray's ``worker_process_setup_hook``),
     unless --verbose; a process an engine starts in turn logs that import notice still."""
     for name in ("vllm", "ray.llm"):
         logging.getLogger(name).setLevel(logging.ERROR)
