@@ -387,6 +387,7 @@ def test_a_bad_input_is_refused_before_a_progress_bar_is_drawn(tmp_path, capsys,
     assert main(["index", "build", str(path), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert message in err.splitlines()[-1] and "chunk documents" not in err  # an empty bar was drawn first
+    assert err.startswith("qcg: error: "), err  # and the chunk stage's "[qcg] chunk ..." line before it
 
 
 def test_init_writes_every_default(tmp_path, capsys):

@@ -161,7 +161,7 @@ def add_documents(
     with _locked_manifest(index) as manifest:
         config = index_settings(manifest, options)
         summary = IndexSummary(out=index)
-        with stage(summary, "chunk"):
+        with stage(summary, "chunk", quiet=True):  # its bar says so, once the input is accepted
             chunks = read_chunks(input_path, config, summary)
         doc_ids = refuse_known_documents(index, manifest, chunks)
         added = _new_nodes(manifest, chunks, config, summary, llm, embedder, cluster)

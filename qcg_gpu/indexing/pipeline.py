@@ -58,7 +58,7 @@ def build_index(
     if cluster is not None:
         return build_on_cluster(input_path, out, config, cluster, llm, summary)
 
-    with stage(summary, "chunk"):
+    with stage(summary, "chunk", quiet=True):  # its bar says so, once the input is accepted
         chunks = read_chunks(input_path, config, summary)
     check_room(out, chunks, config, dim)  # before any model runs
 
