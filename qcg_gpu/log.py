@@ -63,9 +63,9 @@ def hide_engine_notices() -> None:
     installed, but doesn't include CPU backend"), and ray.data.llm's stages log each batch at INFO. A local
     Ray cluster qcg starts runs this in each of its worker processes (Ray's ``worker_process_setup_hook``),
     unless --verbose; a process an engine starts in turn logs that import notice still."""
-    for name in ("vllm", "ray.llm"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    logging.getLogger("vllm").setLevel(logging.ERROR)
     ray_llm = logging.getLogger("ray.llm")
+    ray_llm.setLevel(logging.ERROR)
     if not ray_llm.handlers:  # else ray.data.llm gives each of its loggers INFO and a handler of its own
         ray_llm.addHandler(logging.StreamHandler())
 

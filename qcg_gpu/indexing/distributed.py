@@ -287,8 +287,9 @@ class RayDataLLM(RayLLM):
         llm = require("ray.data.llm")
         engine_kwargs = engine_settings(self.config, self.path, on_gpu=bool(self.cluster.gpus))
         del engine_kwargs["model"]
-        env = {"VLLM_LOGGING_LEVEL": engine_log_level()}
-        if engine_log_level() != "INFO":  # vLLM's start-up scan of every module touches a deprecated torch name
+        level = engine_log_level()
+        env = {"VLLM_LOGGING_LEVEL": level}
+        if level != "INFO":  # vLLM's start-up scan of every module touches a deprecated torch name
             ours = "ignore::FutureWarning:vllm.triton_utils.dispatcher"
             env["PYTHONWARNINGS"] = ",".join(filter(None, (os.environ.get("PYTHONWARNINGS"), ours)))
         if self.config.batch_invariant:
