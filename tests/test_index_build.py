@@ -138,14 +138,14 @@ def test_rerun_hits_the_cache_and_rebuilds_identically(built, tmp_path, few_docs
 
 
 def test_fresh_caches_give_the_same_pairs_run_after_run(tmp_path, few_docs, vllm_backend, embedder):
-    """Three builds with empty caches, each starting from an empty prefix cache as a fresh process does:
-    the same pairs every time. Per-request seeds make the other requests irrelevant to the sampling,
-    and grammars compiled as requests arrive make the engine's steps (so its kernels' batch shapes) the
-    same: with vLLM's thread-pool compilation two such builds differed in 3 of 6 chunks on an AMD Zen 4."""
+    """Three builds with empty caches on one engine: the same pairs every time. Each generation starts
+    from an empty prefix cache, as a fresh process does; per-request seeds make the other requests
+    irrelevant to the sampling, and grammars compiled as requests arrive make the engine's steps (so its
+    kernels' batch shapes) the same: with vLLM's thread-pool compilation two such builds differed in 3
+    of 6 chunks on an AMD Zen 4."""
     assert vllm_backend.grammars_not_in_step is None  # applied, so the manifest may promise the same steps
     tables = []
     for run in ("first", "second", "third"):
-        vllm_backend.llm.reset_prefix_cache()
         summary = build_index(
             few_docs, tmp_path / run / "idx", _config(tmp_path / run), llm=vllm_backend, embedder=embedder
         )

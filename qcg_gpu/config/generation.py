@@ -141,7 +141,7 @@ class VLLMEngineConfig:
     prefix_caching: bool = option(
         True,
         "vLLM: reuse the KV cache of shared prompt prefixes (every Doc2Query prompt starts with the same system "
-        "prompt).",
+        "prompt). Emptied as each generation starts, so an engine that served other runs replies as a fresh one.",
         runtime=True,
     )
     engine_args: str | None = option(

@@ -203,8 +203,13 @@ class VLLMBackend(LLMBackend):
         At most ``window`` requests are in the engine at once, and each one that finishes is
         replaced at once: the engine never drains between batches, and a caller can store every
         reply as it comes. A request the engine refuses comes back failed on its own; if the engine
-        fails, every request not yet finished comes back failed."""
+        fails, every request not yet finished comes back failed.
+
+        Each call starts from an empty prefix cache: a prompt the engine has seen before is otherwise
+        prefilled from its cached blocks, which changes the numerics, so a build on an engine reused
+        across builds (the Python API) got other replies than the same build on a fresh engine."""
         params = self.sampling_params(sampling, conversations)
+        self.llm.reset_prefix_cache()
         engine, pending = self.llm.llm_engine, iter(range(len(conversations)))
         position: dict[str, int] = {}  # request id -> conversation
         bar = progress_bar(total=len(conversations), desc="LLM replies", unit="reply", bar_format=TokenMeter.BAR)
