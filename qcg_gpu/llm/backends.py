@@ -385,7 +385,11 @@ class OpenAIBackend(LLMBackend):
         self.no_server, self.timed_out = openai.APIConnectionError, openai.APITimeoutError
 
     def reproducibility(self) -> str:
-        return f"per-request seeds sent to the server: whether they fix the replies is the server's promise; {REPLAY}"
+        return (
+            "per-request seeds sent to the server: whether they fix the replies is the server's promise (a vLLM "
+            "server's prefix cache, unless started with --no-enable-prefix-caching, changes a prompt it served "
+            f"before); {REPLAY}"
+        )
 
     def _one(self, conversation: Conversation, sampling: SamplingSpec, outage: Outage) -> Completion:
         if outage.declared:
