@@ -32,6 +32,7 @@ def bare_generate(backend: VLLMBackend, conversations, config) -> tuple[float, i
     tokenizer = backend.llm.get_tokenizer()
     prompts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
     params = backend.sampling_params(doc2query.sampling_spec(config.generation), conversations)
+    backend.llm.reset_prefix_cache()  # every prompt prefilled in full, as the build's generation does
     start = time.perf_counter()
     outputs = backend.llm.generate(prompts, params, use_tqdm=False)
     return time.perf_counter() - start, sum(len(o.outputs[0].token_ids) for o in outputs)

@@ -302,6 +302,7 @@ def doc2query_rows(config: BenchConfig, settings: IndexConfig | None = None, bac
     params = backend.sampling_params(doc2query.sampling_spec(index_config.generation), conversations)
 
     def bare() -> int:
+        backend.llm.reset_prefix_cache()  # every prompt prefilled in full, as the build's generation does
         outputs = backend.llm.generate(prompts, params, use_tqdm=False)
         return sum(len(o.outputs[0].token_ids) for o in outputs)
 
