@@ -131,9 +131,14 @@ def test_a_report_carries_the_comparisons(dev_run):
 def test_a_report_written_over_another_leaves_none_of_its_files(dev_run, tmp_path):
     """A rerun into the same --out kept the earlier run's comparisons, method run files and sweeps beside
     the new results (and qcg report drew them together)."""
-    evaluation, _ = dev_run
+    from qcg_gpu.eval.report import REPORT_FILES
+
+    evaluation, report = dev_run
     out = tmp_path / "report"
-    write_report(evaluation, out, {}, [], baseline="naive")
+    first = write_report(evaluation, out, {}, [], baseline="naive", index=QCGIndex.load(report.parent / "index"))
+    # every file a report writes is one that the next report removes
+    assert all(any(p.relative_to(out).match(pattern) for pattern in REPORT_FILES) for p in first), first
+    assert {"run.json", "report.html"} <= {p.name for p in first}
     (out / "sweep_hops.csv").write_text("hops,R@5\n")  # as a run with --sweeps hops left it
     (out / "notes.txt").write_text("mine")
     naive_only = dataclasses.replace(evaluation, records=[r for r in evaluation.records if r["method"] == "naive"])
