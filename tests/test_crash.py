@@ -125,9 +125,9 @@ def test_kill_during_generation_loses_at_most_the_batch_in_flight(tmp_path, cli,
     assert "0 chunks generated, 4 from cache" in again.stdout
     assert read_manifest(tmp_path / "again")["replies_from_earlier_runs"] == [[0, 4]]
     assert load_table(tmp_path / "again", "pairs").equals(load_table(index, "pairs"))
-    # and so does an uninterrupted run with a fresh cache, on an engine that has served other
-    # requests before: each request's seed comes from the run's seed and its chunk, not from where
-    # the engine's generator stood (issue 15)
+    # and so does an uninterrupted run with a fresh cache, on this process's engine, which other tests
+    # may have used: each request's seed comes from the run's seed and its chunk, not from where the
+    # engine's generator stood (issue 15), and each generation starts from an empty prefix cache
     config = IndexConfig()
     config.generation.m, config.generation.batch_chunks = 2, 1
     config.generation.cache, config.nodes.device = str(tmp_path / "fresh.sqlite"), "cpu"
