@@ -297,13 +297,15 @@ class TokenMeter:
 
 
 def tokens_left(unfinished: int, finished_tokens: int, finished: int, running_tokens: int, cap: int | None):
-    """Output tokens still to come: each unfinished reply as long as the finished ones on average (before
-    any has finished, the max_tokens ``cap``: an upper bound), less what the running ones have written.
-    None when nothing says (no reply finished and no cap)."""
-    per_reply = finished_tokens / finished if finished else cap
-    if per_reply is None:
-        return None
-    return max(unfinished * per_reply - running_tokens, 0.0)
+    """Output tokens still to come. Before any reply has finished: the max_tokens ``cap`` for each
+    unfinished one, less what the running ones have written (an upper bound); None without a cap.
+    After: as many for each unfinished reply as a finished one wrote on average, whatever it has
+    written so far. Short replies finish first, so while most are in flight the running ones have
+    outgrown the finished ones' mean: less what they had written, the bar said ~00:00 left for two
+    thirds of a build."""
+    if finished:
+        return unfinished * finished_tokens / finished
+    return None if cap is None else max(unfinished * cap - running_tokens, 0.0)
 
 
 def engine_settings(config: GenerationConfig, path: str, on_gpu: bool | None = None) -> dict:
