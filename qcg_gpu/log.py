@@ -31,6 +31,13 @@ if logger.level == logging.NOTSET:
     logger.setLevel(logging.INFO)
 
 
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun`` in the number it takes: 1 document, 2 documents, 1 reply, 3 replies."""
+    if n == 1:
+        return f"1 {noun}"
+    return f"{n} {noun[:-1]}ies" if noun.endswith("y") and noun[-2] not in "aeiou" else f"{n} {noun}s"
+
+
 def show_progress() -> bool:
     """Whether long work shows progress bars: the qcg_gpu logger is at INFO or below."""
     return logger.isEnabledFor(logging.INFO)

@@ -16,6 +16,7 @@ from qcg_gpu import build_index
 from qcg_gpu.config import IndexConfig
 from qcg_gpu.index_format import SUPERSEDED, data_dir, load_table, read_manifest
 from qcg_gpu.integrity import check_index
+from qcg_gpu.log import counted
 
 from .conftest import qcg, sample_docs
 
@@ -116,7 +117,8 @@ def test_kill_during_generation_loses_at_most_the_batch_in_flight(tmp_path, cli,
 
     rerun = qcg("index", docs, index, *options, "--quiet")
     assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
-    assert f"{4 - done} chunks generated, {done} from cache" in rerun.stdout  # nothing finished was regenerated
+    # nothing finished was regenerated
+    assert f"{counted(4 - done, 'chunk')} generated, {done} from cache" in rerun.stdout
     earlier = read_manifest(index)["replies_from_earlier_runs"]  # the chunks replied in the killed run's batches
     assert sum(stop - start for start, stop in earlier) == done and 0 <= earlier[0][0] and earlier[-1][1] <= 4
     assert check_index(index) == []

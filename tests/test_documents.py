@@ -126,7 +126,7 @@ def test_a_plan_and_a_build_summary_name_the_skipped_lines(tmp_path):
     path = tmp_path / "docs.jsonl"
     path.write_text("\n".join([json.dumps({"doc_id": "d1", "text": "kept"})] + [f"{{bad {i}" for i in range(12)]))
     plan = forecast(path, IndexConfig()).format()
-    assert "dry run: 1 documents (12 skipped)" in plan, plan
+    assert "dry run: 1 document (12 skipped), 1 chunk," in plan, plan
     assert "skipped docs.jsonl:2: invalid JSON" in plan and "docs.jsonl:11:" in plan and "docs.jsonl:12:" not in plan
     assert "... and 2 more skipped (a build's manifest.json lists them all)" in plan
     summary = IndexSummary(out=tmp_path / "idx", skipped=[(f"d{i}", "empty document") for i in range(11)]).format()

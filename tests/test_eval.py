@@ -267,7 +267,7 @@ def test_eval_cli_bad_input(small_index, questions_file, tmp_path, cli):
     partly.write_text(questions_file.read_text().splitlines()[0] + "\n" + wrong.read_text())
     evaluate = ("eval", "--dataset", "jsonl", "--data", partly, "--index", small_index, "--no-answers", "--quiet")
     result = cli(*evaluate, "--out", tmp_path / "o")
-    assert result.returncode == 2 and "1 evidence documents of 1 questions are not in" in result.stderr
+    assert result.returncode == 2 and "1 evidence document of 1 question (counted as misses)" in result.stderr
     assert "--allow-missing-evidence" in result.stderr and not (tmp_path / "o" / "summary.md").exists()
     result = cli(*evaluate, "--out", tmp_path / "o", "--allow-missing-evidence")  # scored as misses, and said
     assert result.returncode == 0, result.stderr[-2000:]

@@ -144,7 +144,7 @@ def test_bad_updates_are_refused(tmp_path, embedder):
     config = _config(tmp_path, nodes="sentence")
     build_index(old, tmp_path / "idx", config, embedder=embedder)
     before = read_manifest(tmp_path / "idx")
-    with pytest.raises(QCGError, match="in the index already"):
+    with pytest.raises(QCGError, match="of this input already"):
         add_documents(tmp_path / "idx", old, config, embedder=embedder)
     with pytest.raises(QCGError, match="not in the index"):
         remove_documents(tmp_path / "idx", ["no-such-doc"])
@@ -189,10 +189,10 @@ def test_command_line_add_and_remove(tmp_path, cli):
     graph = f"graph: {counts['nodes'] - nodes_before} nodes added, {counts['knn_edges']} kNN edges in the index"
     assert added.stdout.startswith(f"documents added to {tmp_path / 'idx'}\n") and graph in added.stdout, added.stdout
     planned = cli("index", "plan", new, tmp_path / "idx", "--add")  # the plan refuses what the add would
-    assert planned.returncode == 2 and "documents are in the index already" in planned.stderr, planned
+    assert planned.returncode == 2 and "the index holds 1 document of this input already" in planned.stderr, planned
     doc = next(new.glob("*.txt")).stem
     removed = cli("index", tmp_path / "idx", "--remove", doc, "--quiet")
-    assert removed.returncode == 0 and "removed 1 documents" in removed.stdout, removed.stderr
+    assert removed.returncode == 0 and "removed 1 document (" in removed.stdout, removed.stderr
     assert read_manifest(tmp_path / "idx")["counts"]["documents"] == 2
     again = cli("index", tmp_path / "idx", "--remove", doc)
     assert again.returncode == 2 and "not in the index" in again.stderr

@@ -128,7 +128,7 @@ def test_a_chunk_that_keeps_failing_is_listed_and_retried_on_the_next_run(vllm_s
         rerun = _index(cli, healthy, few_docs, tmp_path / "idx", tmp_path / "cache.sqlite", "--overwrite")
     finally:
         healthy.close()
-    assert rerun.returncode == 0 and "1 chunks generated, 3 from cache" in rerun.stdout
+    assert rerun.returncode == 0 and "1 chunk generated, 3 from cache" in rerun.stdout
     assert len(healthy.seen) == 1
 
 

@@ -167,7 +167,7 @@ def test_a_question_without_a_trace_says_so(run_dir, browser, tmp_path, capsys):
     traces = (copy / "traces.jsonl").read_text().splitlines()
     (copy / "traces.jsonl").write_text("\n".join(traces[1:]) + "\n")
     write_html(copy)
-    assert "1 questions have no QCG trace in traces.jsonl" in capsys.readouterr().err
+    assert "no QCG trace in traces.jsonl: 1 question (" in capsys.readouterr().err
     page = open_page(browser, copy / "report.html")
     qid = json.loads(traces[0])["qid"]
     page.find_element("css selector", f"#questions tbody tr[data-qid='{qid}']").click()

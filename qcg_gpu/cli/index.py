@@ -12,6 +12,7 @@ import os
 
 from ..config import IndexConfig
 from ..errors import QCGError
+from ..log import counted
 from .options import add_generation_options, add_options, add_output_options, add_ray_options, ray_cluster, resolve
 
 ACTIONS = ("build", "add", "remove", "retry", "plan")
@@ -163,7 +164,7 @@ def run_retry(args) -> int:
     options = index_config(args, manifest["settings"])
     index_settings(manifest, options)  # refuse other settings before a cluster starts
     summary = retry_failed(args.out, options, cluster=ray_cluster(args))
-    print(summary.format(f"{summary.documents} documents regenerated in"))
+    print(summary.format(f"{counted(summary.documents, 'document')} regenerated in"))
     return 0
 
 
@@ -177,7 +178,8 @@ def run_remove(args) -> int:
             "is one shard, and its removal runs in this process (leave out --ray)"
         )
     summary = remove_documents(args.index, args.doc_ids, cluster=ray_cluster(args))
-    print(f"removed {summary.documents} documents ({summary.chunks} chunks, {summary.nodes} nodes) from {args.index}")
+    removed = ", ".join(counted(n, noun) for n, noun in ((summary.chunks, "chunk"), (summary.nodes, "node")))
+    print(f"removed {counted(summary.documents, 'document')} ({removed}) from {args.index}")
     return 0
 
 

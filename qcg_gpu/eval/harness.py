@@ -18,7 +18,7 @@ from ..config import ABLATIONS, BASELINES, INDEX_PARAMETERS, SWEEPS, AnswerConfi
 from ..embedding import Embedder
 from ..errors import QCGError
 from ..llm.backends import LLMBackend, SamplingSpec
-from ..log import logger, progress_bar
+from ..log import counted, logger, progress_bar
 from ..retrieval import QCGIndex, RetrievalConfig, RetrievalResult, search, trace_queries
 from ..retrieval.trace import readable_traces
 from . import significance
@@ -278,12 +278,14 @@ def check_evidence(index: QCGIndex, evalset: EvalSet, allow_missing: bool = Fals
     if missing:
         hit = sum(1 for q in evalset.questions if set(q.evidence) & set(missing))
         problems.append(
-            f"{len(missing)} evidence documents of {hit} questions are not in {index.path} (counted as misses), "
+            f"not in {index.path}: {counted(len(missing), 'evidence document')} of "
+            f"{counted(hit, 'question')} (counted as misses), "
             f"e.g. {missing[:3]}"
         )
     if unscored:
         problems.append(
-            f"{len(unscored)} questions have no evidence document in the corpus (left out of retrieval metrics), "
+            f"no evidence document in the corpus: {counted(len(unscored), 'question')} (left out of retrieval "
+            "metrics), "
             f"e.g. {unscored[0].qid}"
         )
     if problems and not allow_missing:

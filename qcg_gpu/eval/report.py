@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from ..errors import QCGError
-from ..log import logger
+from ..log import counted, logger
 from ..retrieval import QCGIndex
 from . import significance
 from .harness import ANSWER_METRICS, Evaluation, metric_names, summarize
@@ -281,7 +281,7 @@ def write_html(run_dir: str | Path, index: QCGIndex | None = None) -> Path:
     untraced = [q["qid"] for q in data["questions"] if "qcg" in q["runs"] and q["qid"] not in traces]
     if untraced:
         logger.warning(
-            f"{len(untraced)} questions have no QCG trace in traces.jsonl (their view says so): {untraced[:5]}"
+            f"no QCG trace in traces.jsonl: {counted(len(untraced), 'question')} (their view says so): {untraced[:5]}"
         )
     title = f"qcg eval: {run.get('header', {}).get('dataset', run_dir.name)}"
     return _write_page(run_dir / "report.html", title, "\n".join(static), data)

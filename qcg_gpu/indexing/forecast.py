@@ -16,6 +16,7 @@ from typing import Any
 from ..config import IndexConfig
 from ..llm.backends import llm_name
 from ..llm.cache import GenerationCache, generation_cache
+from ..log import counted
 from ..models import DEFAULT_EMBEDDER, DEFAULT_LLM, embedding_dim, resolve_model
 from . import doc2query
 from .stages import IndexSummary, index_size, read_chunks, skipped_lines
@@ -58,9 +59,10 @@ class Forecast:
     def format(self) -> str:
         hours = f"{self.seconds / 3600:.2f} h ({self.seconds:.0f} s)" if self.seconds is not None else "unknown"
         lines = [
-            f"dry run: {self.documents} documents ({len(self.skipped)} skipped), {self.chunks} chunks, "
+            f"dry run: {counted(self.documents, 'document')} ({len(self.skipped)} skipped), "
+            f"{counted(self.chunks, 'chunk')}, "
             f"{self.cached_chunks} already generated (cache)",
-            f"  to generate: {self.chunks - self.cached_chunks} chunks",
+            f"  to generate: {counted(self.chunks - self.cached_chunks, 'chunk')}",
             f"  prompt tokens: {self.prompt_tokens} ({self.prompt_counted_with})",
             f"  output tokens: ~{self.output_tokens} expected, at most {self.output_cap} ({self.output_source})",
             f"  generation time: {hours} at {self.tokens_per_s or '?'} output tok/s ({self.rate_source})",

@@ -45,6 +45,7 @@ from ..index_format import (
     update_lock,
 )
 from ..llm.backends import LLMBackend
+from ..log import counted
 from ..retrieval import QCGIndex
 from .chunking import Chunk
 from .generation import generate_pairs
@@ -141,7 +142,8 @@ def refuse_known_documents(index: Path, manifest: dict, chunks: list[Chunk]) -> 
     clash = sorted({c.doc_id for c in chunks} & set(doc_ids.column("doc_id").to_pylist()))
     if clash:
         raise QCGError(
-            f"{len(clash)} documents are in the index already (remove them first to replace them): {clash[:5]}"
+            f"the index holds {counted(len(clash), 'document')} of this input already (remove before adding "
+            f"again): {clash[:5]}"
         )
     return doc_ids
 
@@ -223,7 +225,7 @@ def _kept_chunks(chunk_docs: pa.Table, doc_ids: list[str]) -> np.ndarray:
     column, removed = chunk_docs.column("doc_id"), pa.array(list(doc_ids), pa.string())
     unknown = sorted(set(doc_ids) - set(pc.unique(column).to_pylist()))
     if unknown:
-        raise QCGError(f"{len(unknown)} documents are not in the index: {unknown[:5]}")
+        raise QCGError(f"not in the index: {counted(len(unknown), 'document')}, {unknown[:5]}")
     return ~pc.is_in(column, value_set=removed).to_numpy()
 
 
@@ -329,7 +331,7 @@ def _new_nodes(
     if summary.failed_chunks:
         how = f"{OVER_CONTEXT_ADVICE}, then rerun" if over_context(summary.failed_chunks) else "rerun to retry"
         raise QCGError(
-            f"{len(summary.failed_chunks)} chunks got no LLM reply ({summary.failed_chunks[0][1]}); "
+            f"{counted(len(summary.failed_chunks), 'chunk')} got no LLM reply ({summary.failed_chunks[0][1]}); "
             f"the index is unchanged; {how} (replies made so far are cached)"
         )
 

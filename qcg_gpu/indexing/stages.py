@@ -48,7 +48,7 @@ from ..index_format import (
     index_shards,
     plan_shards,
 )
-from ..log import logger, progress_bar
+from ..log import counted, logger, progress_bar
 from .chunking import Chunk, chunk_document, load_tokenizer
 from .doc2query_minus import keep_mask
 from .documents import Document, SkipLog, read_documents
@@ -115,14 +115,14 @@ class IndexSummary:
             f"{update or 'index written to'} {self.out}",
             f"  documents {self.documents} ({len(self.skipped)} skipped), chunks {self.chunks}",
             f"  pairs: {self.pairs_valid} valid, {self.pairs_kept} kept, dropped {dict(self.dropped) or 0}",
-            f"  LLM: {self.generated_chunks} chunks generated, {self.cached_chunks} from cache"
+            f"  LLM: {counted(self.generated_chunks, 'chunk')} generated, {self.cached_chunks} from cache"
             + (
                 f" ({self.stored_chunks} of {self.chunks} in the stored replies)"
                 if self.stored_chunks is not None
                 else ""
             )
-            + (f", {self.cache_corrupt} corrupt cache entries regenerated" if self.cache_corrupt else "")
-            + (f", {self.truncated_replies} replies hit max_tokens" if self.truncated_replies else ""),
+            + (f", {counted(self.cache_corrupt, 'corrupt cache entry')} regenerated" if self.cache_corrupt else "")
+            + (f", {counted(self.truncated_replies, 'reply')} hit max_tokens" if self.truncated_replies else ""),
             f"  tokens: {self.prompt_tokens} prompt, {self.output_tokens} output"
             + (f" ({self.generation_tokens_per_s:.0f} output tok/s this run)" if self.generated_output_tokens else ""),
             f"  graph: {graph}",
