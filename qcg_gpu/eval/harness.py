@@ -278,15 +278,13 @@ def check_evidence(index: QCGIndex, evalset: EvalSet, allow_missing: bool = Fals
     if missing:
         hit = sum(1 for q in evalset.questions if set(q.evidence) & set(missing))
         problems.append(
-            f"not in {index.path}: {counted(len(missing), 'evidence document')} of "
-            f"{counted(hit, 'question')} (counted as misses), "
-            f"e.g. {missing[:3]}"
+            f"not in {index.path}: {counted(len(missing), 'evidence document')} of {counted(hit, 'question')} "
+            f"(counted as misses), e.g. {missing[:3]}"
         )
     if unscored:
         problems.append(
-            f"no evidence document in the corpus: {counted(len(unscored), 'question')} (left out of retrieval "
-            "metrics), "
-            f"e.g. {unscored[0].qid}"
+            f"no evidence document in the corpus: {counted(len(unscored), 'question')} "
+            f"(left out of retrieval metrics), e.g. {unscored[0].qid}"
         )
     if problems and not allow_missing:
         raise QCGError("; ".join(problems) + ". Index the whole corpus, or pass --allow-missing-evidence")
