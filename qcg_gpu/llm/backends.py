@@ -355,7 +355,7 @@ class Outage:
     corpus. They fail like the others, for a rerun (or ``qcg index retry``) once the server is back."""
 
     def __init__(self, limit: int, server: str):
-        self.limit, self.in_a_row, self.lock = limit, 0, threading.Lock()
+        self.limit, self.in_a_row, self.lock, self.server = limit, 0, threading.Lock(), server
         self.reason = f"not sent: {limit} requests in a row found no server at {server}"
 
     def record(self, no_server: bool) -> None:
@@ -417,8 +417,12 @@ class OpenAIBackend(LLMBackend):
         except self.refusals as exc:
             raise self._refused(exc) from exc
         except Exception as exc:  # after the client's retries: report, never raise
-            outage.record(isinstance(exc, self.no_server) and not isinstance(exc, self.timed_out))
-            return Completion(error=f"{exc.__class__.__name__}: {exc}"[:500])
+            no_server = isinstance(exc, self.no_server) and not isinstance(exc, self.timed_out)
+            outage.record(no_server)
+            error = f"{exc.__class__.__name__}: {exc}"
+            if no_server:  # the client's own line ("Connection error.") names no server
+                error = f"no server answered at {outage.server} ({error})"
+            return Completion(error=error[:500])
         outage.record(False)
         choice, usage = response.choices[0], response.usage
         return Completion(
