@@ -162,6 +162,20 @@ def test_answer_settings_are_checked_before_retrieval(small_index, cli):
     ]
 
 
+@pytest.mark.parametrize(
+    "args,message", [(["--query", "  "], "the query is empty"), (["--queries", "/no/q.txt"], "queries file not found")]
+)
+def test_answer_reads_its_queries_before_the_llm_loads(small_index, args, message, cli, monkeypatch):
+    """An empty --query was refused only once the LLM had loaded (22 s here)."""
+
+    def loaded(*_):
+        raise AssertionError("the LLM loaded before the queries were read")
+
+    monkeypatch.setattr("qcg_gpu.cli.query.answering_llm", loaded)
+    result = cli("answer", small_index, *args, "--quiet")
+    assert result.returncode == 2 and result.stderr.startswith(f"qcg: error: {message}"), result.stderr
+
+
 @pytest.mark.parametrize("out", ["missing/out.jsonl", "folder", "file/out.jsonl"])
 def test_an_unwritable_out_is_refused_before_any_work(small_index, tmp_path, out, cli):
     (tmp_path / "folder").mkdir()

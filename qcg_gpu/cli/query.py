@@ -111,15 +111,17 @@ def run(args) -> int:
         raise QCGError(
             f"{traced} walks the graph in this process; with --ray on a sharded index, pass --ray-mode queries"
         )
-    index = QCGIndex.load(args.index, verify=not args.no_verify, nodes=not on_shards)
-    cluster = ray_cluster(args)
-    llm = answering_llm(args, cluster) if args.answers else None  # fail fast, before any retrieval work
+    # the queries before the index and the LLM load: a bad one is refused in a second, not after them
     if args.embeddings:
         vectors = query_io.load_query_embeddings(args.embeddings)
         ids, texts = [str(i) for i in range(len(np.atleast_2d(vectors)))], None
-        embedder = None
     else:
         ids, texts = query_io.read_queries(args.query, args.queries)
+    index = QCGIndex.load(args.index, verify=not args.no_verify, nodes=not on_shards)
+    cluster = ray_cluster(args)
+    llm = answering_llm(args, cluster) if args.answers else None  # fail fast, before any retrieval work
+    embedder = None
+    if texts is not None:
         embedder = index.embedder(args.embed_device)
         vectors = embedder.encode(texts)
     vectors = check_queries(vectors, index.dim)
