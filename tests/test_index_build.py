@@ -370,6 +370,7 @@ def test_retry_regenerates_only_the_failed_chunks_and_equals_a_rebuild(
     assert "engine died" in error
     report = cli("check", tmp_path / "idx")
     assert report.returncode == 0 and f"FAILED document {failed_doc}: RuntimeError: engine died" in report.stdout
+    assert "1 of 4 documents failed generation; the others are done" in report.stdout
 
     llm = Recording(vllm_backend)
     # its options name the build's cache (a manifest keeps no machine paths): the other chunks' replies are there

@@ -17,14 +17,18 @@ def add_parser(commands) -> None:
 def run(args) -> int:
     from ..index_format import read_manifest
     from ..integrity import check_index
+    from ..log import counted
 
     problems = check_index(args.index, checksums=not args.no_checksums)
     for problem in problems:
         print(f"PROBLEM: {problem}")
-    failed = read_manifest(args.index).get("failed_documents", {})
+    manifest = read_manifest(args.index)
+    failed = manifest.get("failed_documents", {})
     for doc_id, error in failed.items():  # a sound index may still miss pairs
         print(f"FAILED document {doc_id}: {error} (qcg index retry {args.index})")
     if failed:
-        print(f"{len(failed)} document(s) failed generation; every other document is done")
-    print(f"{args.index}: " + (f"{len(problems)} problem(s) found" if problems else "sound"))
+        documents = manifest.get("counts", {}).get("documents", len(failed))
+        rest = "; the others are done" if documents > len(failed) else ""
+        print(f"{len(failed)} of {counted(documents, 'document')} failed generation{rest}")
+    print(f"{args.index}: " + (f"{counted(len(problems), 'problem')} found" if problems else "sound"))
     return 1 if problems else 0
