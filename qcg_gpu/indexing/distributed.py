@@ -53,7 +53,7 @@ from ..llm.backends import (
     llm_name,
     request_seed,
 )
-from ..log import engine_log_level, errors_only, progress_bar, quiet
+from ..log import counted, engine_log_level, errors_only, progress_bar, quiet
 from ..models import DEFAULT_EMBEDDER, DEFAULT_LLM, resolve_model
 from . import ivf
 from .knn import KnnGraph, exact_rows, grown_shard_rows, shard_rows
@@ -200,8 +200,8 @@ class RayLLM(LLMBackend):
         engines = len(self.engine_statements)
         each = "; ".join(sorted(set(self.engine_statements))) or "no engine has answered yet"
         return (
-            f"{engines} vLLM engine(s) on Ray, each given every {engines}th conversation of a generation run, so a "
-            f"reply depends on the engine count too; each engine: {each}"
+            f"{counted(engines, 'vLLM engine')} on Ray, a generation run's conversations dealt out to the engines in "
+            f"turn, so a reply depends on the engine count too; each engine: {each}"
         )
 
     @property
