@@ -355,7 +355,7 @@ class Outage:
     corpus. They fail like the others, for a rerun (or ``qcg index retry``) once the server is back."""
 
     def __init__(self, limit: int, server: str):
-        self.limit, self.in_a_row, self.lock, self.server = limit, 0, threading.Lock(), server
+        self.limit, self.in_a_row, self.lock = limit, 0, threading.Lock()
         self.reason = f"not sent: {limit} requests in a row found no server at {server}"
 
     def record(self, no_server: bool) -> None:
@@ -380,6 +380,7 @@ class OpenAIBackend(LLMBackend):
             max_retries=config.max_retries,
             timeout=config.request_timeout,
         )
+        self.server = str(self.client.base_url).rstrip("/")  # as the messages name it
         # answers no request of the run can get past: the run stops at the first, in one line
         self.refusals = (openai.NotFoundError, openai.AuthenticationError, openai.PermissionDeniedError)
         self.not_found = openai.NotFoundError
@@ -421,7 +422,7 @@ class OpenAIBackend(LLMBackend):
             outage.record(no_server)
             error = f"{exc.__class__.__name__}: {exc}"
             if no_server:  # the client's own line ("Connection error.") names no server
-                error = f"no server answered at {outage.server} ({error})"
+                error = f"no server answered at {self.server} ({error})"
             return Completion(error=error[:500])
         outage.record(False)
         choice, usage = response.choices[0], response.usage
@@ -434,7 +435,7 @@ class OpenAIBackend(LLMBackend):
 
     def _refused(self, exc) -> QCGError:
         """The one line for an answer that every request would get: no such model (or path), or no access."""
-        server = f"the server at {str(self.client.base_url).rstrip('/')}"
+        server = f"the server at {self.server}"
         if isinstance(exc, self.not_found):
             return QCGError(
                 f"{server} answered 404 for model {self.model_name!r} ({self._served()}): give a model it serves as "
@@ -461,7 +462,7 @@ class OpenAIBackend(LLMBackend):
         request that had not started, and neither does a run whose server stopped answering (:class:`Outage`)."""
         pool = ThreadPoolExecutor(max_workers=self.concurrency)
         bar = progress_bar(total=len(conversations), desc="LLM requests", unit="reply")
-        outage = Outage(OUTAGE_ROUNDS * self.concurrency, str(self.client.base_url).rstrip("/"))
+        outage = Outage(OUTAGE_ROUNDS * self.concurrency, self.server)
         try:
             rows = {pool.submit(self._one, conv, sampling, outage): row for row, conv in enumerate(conversations)}
             for future in as_completed(rows):
