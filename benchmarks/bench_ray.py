@@ -5,7 +5,8 @@
 
 Each measurement runs once in one process and once on a local Ray cluster (``--workers``):
 
-1. ``qcg index`` with sentence nodes (no LLM: embedding and kNN) over ``--limit`` documents;
+1. ``qcg index`` with sentence nodes (no LLM: embedding and kNN) over ``--limit`` documents, on Ray in
+   the default shards (one, below 8,192 chunks: one worker embeds it) and in ``--shard-chunks`` chunks;
 2. ``qcg index`` with q+a nodes over ``--llm-limit`` documents, fresh caches (each generates every chunk),
    on Ray both with qcg's engine actors and with ray.data.llm's processor (``--ray-llm actors|data``),
    greedy decoding (``--temperature 0``) so that both runs write about the same replies: with sampling,
@@ -90,7 +91,9 @@ def compare_builds(name: str, docs: Path, work: Path, options: list[str], worker
         )
         row[label], row[f"{label}_over_one"] = ray, round(ray["wall_s"] / one["wall_s"], 2)
     if name == "sentence":  # no LLM: the same index expected byte for byte
-        row["identical"] = same_data(work / f"{name}-one", work / f"{name}-ray")
+        row["identical"] = all(
+            same_data(work / f"{name}-one", work / f"{name}-{label}") for label in variants or ["ray"]
+        )
     return row
 
 
@@ -134,6 +137,7 @@ def main() -> None:
     parser.add_argument("--docs", type=Path, default=DEFAULT_DOCS)
     parser.add_argument("--limit", type=int, default=120, help="documents for the sentence-node build (0 = all)")
     parser.add_argument("--llm-limit", type=int, default=8, help="documents for the q+a build with the LLM")
+    parser.add_argument("--shard-chunks", type=int, default=32, help="the sentence build's smaller Ray shards")
     parser.add_argument("--m", type=int, default=20)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--nodes", type=int, default=100_000, help="nodes of the synthetic retrieval index")
@@ -158,6 +162,8 @@ def run(args: argparse.Namespace, work: Path) -> None:
                 work,
                 common + ["--nodes", "sentence"],
                 args.workers,
+                # the default shards (8,192 chunks: all on one worker here), and shards enough for every worker
+                {"ray": [], "ray_small_shards": ["--ray-shard-chunks", str(args.shard_chunks)]},
             )
         )
         print(json.dumps(rows[-1]), flush=True)

@@ -85,16 +85,6 @@ class MissingDependency(QCGError, ImportError):
     """An optional dependency this step needs is not installed (the message says how to install it)."""
 
 
-def numba_threads_to_share() -> None:
-    """Numba's threads to the cores Ray gave this task (it sets OMP_NUM_THREADS to the task's num_cpus):
-    numba starts one per core of the machine, so W tasks on one machine would run W x cores threads."""
-    share = int(os.environ.get("OMP_NUM_THREADS") or 0)
-    if share:
-        import numba
-
-        numba.set_num_threads(min(share, numba.config.NUMBA_NUM_THREADS))
-
-
 def require(module: str):
     """Import ``module`` or raise a one-line error saying how to install it."""
     try:

@@ -11,7 +11,7 @@ import os
 import secrets
 import socket
 
-from .capabilities import numba_threads_to_share, reproducible_mkl, require
+from .capabilities import reproducible_mkl, require
 from .config import RayConfig
 from .errors import QCGError
 from .log import engine_log_level, errors_only, hide_engine_notices, progress_bar
@@ -91,9 +91,14 @@ class RayCluster:
                 "worker needs one of its own; ask for fewer workers or add nodes"
             )
         # A GPU each when the cluster has enough; else the CPU cores shared out.
-        self.worker_resources = (
-            {"num_gpus": 1} if 0 < self.workers <= self.gpus else {"num_cpus": max(1, cpus // self.workers)}
-        )
+        cores_each = max(1, cpus // self.workers)
+        self.worker_resources = {"num_gpus": 1} if 0 < self.workers <= self.gpus else {"num_cpus": cores_each}
+        # A worker's threads keep to its share of the cores, or W workers on one machine would run W x cores
+        # threads: Ray sets OMP_NUM_THREADS (torch, MKL) to an actor's or task's num_cpus, and numba reads
+        # NUMBA_NUM_THREADS as it is imported (all cores by default). As numba's OpenMP pool starts it also
+        # sets OpenMP's thread count, which torch shares, to numba's: with numba's default, torch took every
+        # core too (a local build's embedding took 4.2x as long on 2 workers).
+        self._worker_env = {"env_vars": {"NUMBA_NUM_THREADS": str(cores_each)}}
         self._actors: list = []  # the stage holding the workers now (one stage at a time: each takes all of them)
         self._groups: list = []  # the placement groups reserved for that stage's multi-GPU engines
         self._actor_key: tuple | None = None  # (class, arguments[, count]) of the current actors
@@ -115,26 +120,20 @@ class RayCluster:
         return self.config.ray_llm == "data"
 
     def task(self, fn, **options):
-        """``fn`` as a Ray task with a worker's share of the cluster (``options``: Ray's, e.g. num_returns),
-        its numba kernels on that share's cores (:func:`numba_threads_to_share`)."""
-
-        def in_share(*args, **kwargs):
-            numba_threads_to_share()
-            return fn(*args, **kwargs)
-
-        in_share.__name__ = in_share.__qualname__ = fn.__name__  # what Ray's dashboard and errors show
-        return self.ray.remote(**self.worker_resources, **options)(in_share)
+        """``fn`` as a Ray task with a worker's share of the cluster, its threads included (``options``:
+        Ray's, e.g. num_returns)."""
+        return self.ray.remote(**self.worker_resources, runtime_env=self._worker_env, **options)(fn)
 
     def actors(self, cls, *args, reuse: bool = False, count: int | None = None) -> list:
-        """One actor of ``cls`` per worker (or ``count`` of them), each with its share of the cluster and
-        its numba kernels on that share's cores (as :meth:`task`'s);
+        """One actor of ``cls`` per worker (or ``count`` of them), each with its share of the cluster, its
+        threads included (as :meth:`task`'s);
         ``reuse`` keeps the current ones when they were made the same way (they hold state worth
         keeping: loaded indexes, loaded engines)."""
         count = count or self.workers
         if reuse and self._actor_key == (cls, args, count) and self._actors:
             return self._actors
         self.release()
-        actor = self.ray.remote(**self.worker_resources)(_in_share(cls))
+        actor = self.ray.remote(**self.worker_resources, runtime_env=self._worker_env)(cls)
         self._actors = [actor.remote(*args) for _ in range(count)]
         self._actor_key = (cls, args, count)
         return self._actors
@@ -177,16 +176,3 @@ class RayCluster:
         if id(obj) not in self._shared:
             self._shared[id(obj)] = (obj, self.ray.put(obj))
         return self._shared[id(obj)][1]
-
-
-def _in_share(cls):
-    """``cls`` whose instances first set numba's threads to their Ray share (:func:`numba_threads_to_share`;
-    numba's setting is per thread, and a Ray actor runs its methods on the thread that made it)."""
-
-    class InShare(cls):
-        def __init__(self, *args, **kwargs):
-            numba_threads_to_share()
-            super().__init__(*args, **kwargs)
-
-    InShare.__name__, InShare.__qualname__ = cls.__name__, cls.__qualname__  # what Ray's errors show
-    return InShare

@@ -1,7 +1,6 @@
 """Run by tests/test_cpu_kinds.py in a process whose CPU kind and thread count are imitated: embed
 the bundled sample's logs and lines, and save the embeddings to the file named by argv[1]; with
-argv[2], torch's thread count is set to it first, as a Ray embedding worker started with one
-thread sets the driver's."""
+argv[2], torch's thread count is set to it first (a switch after start)."""
 
 import sys
 from pathlib import Path

@@ -47,9 +47,9 @@ AVX2_LIBRARIES = MKL_AVX2 | {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY"
 @pytest.mark.skipif(not WITH_TORCH, reason="the embedder runs in torch")
 @pytest.mark.parametrize("caps", [MKL_AVX2, AVX2_LIBRARIES, {}], ids=["mkl-avx2", "avx2", "native"])
 def test_a_text_embeds_to_the_same_bits_whatever_the_thread_count(caps, tmp_path):
-    """The driver embeds with every core; a Ray worker starts with one thread, then takes the driver's
-    count: equal bits on every CPU kind (MKL's AVX2 sgemm differed after that switch, by up to 1e-7,
-    unless its strict reproducible mode is on)."""
+    """The driver embeds with every core, a Ray worker with its share of them (one thread here), and a
+    process may change its count once started (torch.set_num_threads): equal bits on every CPU kind
+    (MKL's AVX2 sgemm differed after that switch, by up to 1e-7, unless its strict reproducible mode is on)."""
     env = {k: v for k, v in os.environ.items() if k not in AVX2_LIBRARIES and k != "MKL_CBWR"} | caps
     runs = {"two": ("2",), "one": ("1",), "one_then_two": ("1", "2")}  # OMP_NUM_THREADS[, then torch's]
     logs = {name: open(tmp_path / f"{name}.log", "w") for name in runs}  # files, not pipes: none fills up

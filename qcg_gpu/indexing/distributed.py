@@ -20,8 +20,8 @@ over the pieces here); ``--add`` uses them on its new chunks directly.
   object store, zero-copy), the queries are split in order and the results put back together.
 
 Given the same LLM replies (the generation cache), the index equals the single-process
-one byte for byte: an embedding does not depend on its batch (:mod:`embedding`), the workers
-use the driver's thread count, and the kNN rows are ranked exactly. The replies themselves can
+one byte for byte: an embedding does not depend on its batch (:mod:`embedding`) nor on the thread
+count (each worker runs its share's), and the kNN rows are ranked exactly. The replies themselves can
 differ between two runs that batch differently: LLM kernels are not batch-invariant (vLLM, any
 engine).
 """
@@ -394,20 +394,18 @@ def _completion_of_row(out: dict) -> Completion:
 
 
 class EmbedWorker:
-    def __init__(
-        self, model: str | None, device: str | None, batch_size: int, cpu_threads: int, long_texts: str = "truncate"
-    ):
-        import torch
+    """An embedder in a Ray actor. On CPU it runs one thread per core of its share (Ray sets
+    OMP_NUM_THREADS to the actor's num_cpus), whatever the driver runs: more would oversubscribe the
+    cores when several workers share a machine (the driver's count made a local build's embedding 2.7x
+    slower). The bits do not depend on the thread count (capabilities.MKL_REPRODUCIBLE,
+    tests/test_cpu_kinds.py)."""
 
+    def __init__(self, model: str | None, device: str | None, batch_size: int, long_texts: str = "truncate"):
         from ..embedding import Embedder
 
         quiet()  # the driver shows the progress: no bars from the workers, the model's loading bar included
         # "truncate": RayEmbedder's driver splits long texts itself
         self.embedder = Embedder(model, device, batch_size, long_texts)
-        if self.embedder.device == "cpu":
-            # the driver's thread count, for its speed (Ray starts a worker with one thread per CPU asked);
-            # the bits do not change with it (capabilities.MKL_REPRODUCIBLE, tests/test_cpu_kinds.py).
-            torch.set_num_threads(cpu_threads)
 
     def describe(self) -> tuple[str, int, int]:
         return self.embedder.model_name, self.embedder.dim, self.embedder.max_tokens
@@ -421,10 +419,7 @@ class RayEmbedder:
 
     def __init__(self, config: NodeConfig, cluster: RayCluster):
         self.cluster, self.batch_size = cluster, config.embed_batch_size
-        torch = require("torch")
-        self._workers = cluster.actors(
-            EmbedWorker, config.embedder, config.device, config.embed_batch_size, torch.get_num_threads()
-        )
+        self._workers = cluster.actors(EmbedWorker, config.embedder, config.device, config.embed_batch_size)
         self.model_name, self.dim, self.max_tokens = cluster.ray.get(self._workers[0].describe.remote())
         path = resolve_model(config.embedder, DEFAULT_EMBEDDER)[0]
         self.tokenizer = require("transformers").AutoTokenizer.from_pretrained(path)  # the model's, on the driver

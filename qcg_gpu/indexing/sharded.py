@@ -37,7 +37,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..capabilities import require
 from ..cluster import RayCluster
 from ..config import IndexConfig, NodeConfig
 from ..index_format import TABLES, ArrayParts, IndexWriter, plan_shards
@@ -158,8 +157,8 @@ def _timed(items: Iterator, summary: IndexSummary, name: str) -> Iterator:
 class _ShardWorker(EmbedWorker):
     """An embedder per actor, kept for the whole build; each call does one shard's embed stage."""
 
-    def __init__(self, nodes: NodeConfig, cpu_threads: int):
-        super().__init__(nodes.embedder, nodes.device, nodes.embed_batch_size, cpu_threads, nodes.long_texts)
+    def __init__(self, nodes: NodeConfig):
+        super().__init__(nodes.embedder, nodes.device, nodes.embed_batch_size, nodes.long_texts)
         self.nodes = nodes
 
     def embed_shard(self, shard: int, chunks: list[Chunk], pairs: Pairs) -> tuple[dict, np.ndarray]:
@@ -198,8 +197,7 @@ def _embed(
     workers and left in the object store, so that this process never holds them all."""
     ray = cluster.ray
     with stage(summary, "load_embedder"):
-        # CPU GEMMs round differently with another thread count: the workers use this process's
-        workers = cluster.actors(_ShardWorker, nodes, require("torch").get_num_threads())
+        workers = cluster.actors(_ShardWorker, nodes)
         model_name, dim, max_tokens = ray.get(workers[0].describe.remote())
     node_embeddings: list = [None] * len(staging.counts)
     todo, running = iter(staging.shards()), {}  # result ref -> its worker
