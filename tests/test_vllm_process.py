@@ -35,17 +35,18 @@ def test_vllm_starts_after_numba_was_imported():
     assert int(tokens) > 0 and error == "None"
 
 
-def test_answer_with_in_process_vllm(small_index, vllm_backend):
+def test_answer_with_in_process_vllm(small_index, vllm_backend, cli):
     # qcg answer = qcg query's chunks + the LLM's greedy reply to a prompt built from their texts:
     # the same reply as answering those chunks in this process with the same engine settings
     args = ["--queries", small_index / "../docs/20260105_1400.txt", "--gamma", "1.0", "--retrieval-backend", "numpy"]
     result = qcg("answer", small_index, *args, "--max-answer-tokens", 24, "--quiet")
     assert result.returncode == 0, result.stderr[-3000:]
-    # --quiet: none of the engine's start-up noise (its weights' progress bar, FutureWarnings, Triton's note)
-    noise = ("Loading safetensors", "FutureWarning", "Triton", "Warning: NUMA binding")  # the last: torch's C++ log
+    # --quiet: none of the engine's start-up noise (its weights' progress bar, FutureWarnings, Triton's note,
+    # its INFO log, torch's C++ log)
+    noise = ("Loading safetensors", "FutureWarning", "Triton", " INFO ", "Warning: NUMA binding")
     assert not [w for w in noise if w in result.stderr], result.stderr
     records = [json.loads(line) for line in result.stdout.splitlines()]
-    retrieved = [json.loads(line) for line in qcg("query", small_index, *args).stdout.splitlines()]
+    retrieved = [json.loads(line) for line in cli("query", small_index, *args).stdout.splitlines()]
     assert len(records) > 3 and [r["chunks"] for r in records] == [r["chunks"] for r in retrieved]
     texts = load_table(small_index, "chunks").column("text").to_pylist()
     expected = answer_from_chunks(
