@@ -1,6 +1,6 @@
 """qcg-gpu: a GPU-accelerated batch engine for Query-Centric Graph RAG."""
 
-from .capabilities import reproducible_mkl, user_cache_where_writable
+from .capabilities import numba_threads_as_openmp, reproducible_mkl, user_cache_where_writable
 from .config import (
     AnswerConfig,
     AnsweringLLMConfig,
@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 
 reproducible_mkl()  # before the first GEMM of this process (capabilities.MKL_REPRODUCIBLE)
 user_cache_where_writable()  # before numba, vLLM or Hugging Face look for their caches
+numba_threads_as_openmp()  # before numba is imported
 
 
 def build_index(*args, **kwargs):

@@ -42,6 +42,16 @@ def reproducible_mkl() -> dict[str, str]:
     return {name: os.environ.setdefault(name, value)}
 
 
+def numba_threads_as_openmp() -> None:
+    """NUMBA_NUM_THREADS from OMP_NUM_THREADS where only the latter is set (a value set for numba is kept;
+    numba reads it at import). Numba otherwise starts a thread per core of the machine, and as its OpenMP
+    pool starts it sets OpenMP's thread count, which torch runs on, to its own: a process told
+    OMP_NUM_THREADS=4 (a batch job's share of a node) ran numba and then torch on every core."""
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        os.environ.setdefault("NUMBA_NUM_THREADS", threads)
+
+
 MOVED_USER_CACHE: list[str] = []  # the user cache folder that could not be written, once replaced
 
 

@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from qcg_gpu.capabilities import WITH_TORCH
 from qcg_gpu.kernels.gather_dot import gather_dot, gather_dot_cpu
 
 from .conftest import DEVICES, REPO
@@ -73,3 +74,23 @@ def test_triton_kernel_in_the_interpreter():
     )
     assert done.returncode == 0, done.stdout[-3000:]
     assert " passed" in done.stdout and "failed" not in done.stdout
+
+
+THREADS_AFTER_A_KERNEL = """
+import qcg_gpu  # first, as the command line imports it: numba reads its thread count at import
+import numpy as np, numba, torch
+from qcg_gpu.kernels.seeds_cpu import top_n_above
+top_n_above(np.ones((2, 5), np.float32), np.float32(0.5), 2)  # numba's thread pool starts
+print(numba.get_num_threads(), torch.get_num_threads())
+"""
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: every count is 1")
+@pytest.mark.skipif(not WITH_TORCH, reason="torch's count is the one numba changed")
+def test_omp_num_threads_holds_for_numba_and_for_torch_once_a_kernel_ran():
+    """A process told OMP_NUM_THREADS=1 ran numba on every core, and once numba's OpenMP pool had
+    started, torch too (it set OpenMP's count, which torch runs on, to its own)."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_NUM_THREADS"} | {"OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-c", THREADS_AFTER_A_KERNEL], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["1", "1"]
