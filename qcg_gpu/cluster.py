@@ -97,7 +97,7 @@ class RayCluster:
         # threads: Ray sets OMP_NUM_THREADS (torch, MKL) to an actor's or task's num_cpus, and numba reads
         # NUMBA_NUM_THREADS as it is imported (all cores by default). As numba's OpenMP pool starts it also
         # sets OpenMP's thread count, which torch shares, to numba's: with numba's default, torch took every
-        # core too (a local build's embedding took 4.2x as long on 2 workers).
+        # core too (a local build's embedding stage took 4.3x as long on 2 workers; benchmarks/RESULTS.md).
         self._worker_env = {"env_vars": {"NUMBA_NUM_THREADS": str(cores_each)}}
         self._actors: list = []  # the stage holding the workers now (one stage at a time: each takes all of them)
         self._groups: list = []  # the placement groups reserved for that stage's multi-GPU engines

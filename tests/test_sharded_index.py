@@ -226,7 +226,7 @@ def test_numba_and_torch_in_a_task_or_an_actor_keep_to_its_share_of_the_cores(cl
     """Numba starts a thread per core of the machine, and as its pool starts it sets OpenMP's thread
     count, which torch shares, to its own. In a Ray task or actor (embedders, kNN tasks, shard owners,
     query-split workers) both keep to its share of the cores, so W of them on one machine do not run
-    W x cores threads (the IVF kernels' time doubled so at W = 2, and a build's embedding took 4.2x as long)."""
+    W x cores threads (the IVF kernels' time doubled so at W = 2, and a build's embedding stage took 4.3x as long)."""
     import numba
     import torch
 

@@ -394,11 +394,8 @@ def _completion_of_row(out: dict) -> Completion:
 
 
 class EmbedWorker:
-    """An embedder in a Ray actor. On CPU it runs one thread per core of its share (Ray sets
-    OMP_NUM_THREADS to the actor's num_cpus), whatever the driver runs: more would oversubscribe the
-    cores when several workers share a machine (the driver's count made a local build's embedding 2.7x
-    slower). The bits do not depend on the thread count (capabilities.MKL_REPRODUCIBLE,
-    tests/test_cpu_kinds.py)."""
+    """An embedder in a Ray actor, on its share of the cores (:class:`RayCluster`), whatever the driver
+    runs: the bits do not depend on the thread count (capabilities.MKL_REPRODUCIBLE, tests/test_cpu_kinds.py)."""
 
     def __init__(self, model: str | None, device: str | None, batch_size: int, long_texts: str = "truncate"):
         from ..embedding import Embedder
