@@ -12,6 +12,7 @@ import functools
 import importlib
 import importlib.util
 import os
+import sys
 import tempfile
 import threading
 import warnings
@@ -98,6 +99,8 @@ class MissingDependency(QCGError, ImportError):
 def require(module: str):
     """Import ``module`` or raise a one-line error saying how to install it."""
     try:
+        if module == "faiss":
+            return _import_faiss()
         return importlib.import_module(module)
     except ImportError as exc:
         hint = _INSTALL_HINTS.get(module.split(".")[0], f"pip install {module}")
@@ -167,9 +170,34 @@ def ieee_float32_matmul():
 def faiss_gpus() -> int:
     if not WITH_FAISS:
         return 0
-    import faiss
-
+    faiss = _import_faiss()
     return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+
+
+def _import_faiss():
+    """faiss, its OpenBLAS on the kernels of this CPU's family. faiss-cpu's wheels bundle OpenBLAS 0.3.15,
+    which takes a CPU newer than itself (an Emerald Rapids Xeon: CPUID model 207) for a Prescott and runs
+    its SSE3 kernels: an exact kNN search of 50,000 nodes took 50 s there, 12 s on its SkylakeX kernels
+    (benchmarks/RESULTS.md). OpenBLAS reads OPENBLAS_CORETYPE as it loads; it is set for that moment
+    only (numpy's own OpenBLAS has loaded already), and a value the user set is kept."""
+    family = None if "faiss" in sys.modules or "OPENBLAS_CORETYPE" in os.environ else _openblas_family()
+    if family:
+        os.environ["OPENBLAS_CORETYPE"] = family
+    try:
+        return importlib.import_module("faiss")
+    finally:
+        if family:
+            del os.environ["OPENBLAS_CORETYPE"]
+
+
+def _openblas_family() -> str | None:
+    """The OpenBLAS kernels this CPU's instruction sets run (None: leave it to OpenBLAS)."""
+    flags = _cpuinfo()[1]
+    if {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags:
+        return "SkylakeX"
+    if {"avx2", "fma"} <= flags:
+        return "Haswell"
+    return None
 
 
 @functools.cache

@@ -1,3 +1,7 @@
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -155,3 +159,27 @@ def test_the_approximate_graph_is_the_ivf_definition(backend, device, k, probes)
     blocks = [graph_rows(emb, a, b, k, lists, backend, device) for a, b in ((0, 7), (7, 230), (230, 400))]
     assert np.array_equal(np.concatenate([b[0] for b in blocks]), ids)
     assert np.array_equal(np.concatenate([b[1] for b in blocks]), scores)
+
+
+FAISS_OPENBLAS_KERNELS = """
+import ctypes
+from qcg_gpu.capabilities import _openblas_family, require
+require("faiss")
+[path] = {line.split()[-1] for line in open("/proc/self/maps") if "faiss" in line and "libopenblas" in line}
+name = ctypes.CDLL(path).openblas_get_corename
+name.restype = ctypes.c_char_p
+print(_openblas_family(), name().decode())
+"""
+
+
+@pytest.mark.skipif(not WITH_FAISS, reason="faiss is not installed")
+def test_faiss_s_openblas_runs_this_cpu_s_kernels():
+    """faiss-cpu's OpenBLAS (0.3.15) took this Emerald Rapids Xeon for a Prescott, and its exact searches
+    ran 4x slower on SSE3 kernels."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    run = subprocess.run([sys.executable, "-c", FAISS_OPENBLAS_KERNELS], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    family, kernels = run.stdout.split()
+    if family == "None":
+        pytest.skip("a CPU without AVX2: OpenBLAS picks its kernels itself")
+    assert kernels.lower() == family.lower()
