@@ -173,6 +173,7 @@ print(_openblas_family(), name().decode())
 
 
 @pytest.mark.skipif(not WITH_FAISS, reason="faiss is not installed")
+@pytest.mark.skipif(sys.platform != "linux", reason="reads the CPU's flags and the loaded libraries from /proc")
 def test_faiss_s_openblas_runs_this_cpu_s_kernels():
     """faiss-cpu's OpenBLAS (0.3.15) took this Emerald Rapids Xeon for a Prescott, and its exact searches
     ran 4x slower on SSE3 kernels."""
