@@ -6,7 +6,7 @@
 Each measurement runs once in one process and once on a local Ray cluster (``--workers``):
 
 1. ``qcg index`` with sentence nodes (no LLM: embedding and kNN) over ``--limit`` documents, on Ray in
-   the default shards (one, below 8,192 chunks: one worker embeds it) and in ``--shard-chunks`` chunks;
+   the default shards (one, below 8,192 chunks, cut in one per worker to embed) and in ``--shard-chunks`` chunks;
 2. ``qcg index`` with q+a nodes over ``--llm-limit`` documents, fresh caches (each generates every chunk),
    on Ray both with qcg's engine actors and with ray.data.llm's processor (``--ray-llm actors|data``),
    greedy decoding (``--temperature 0``) so that both runs write about the same replies: with sampling,
@@ -162,7 +162,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
                 work,
                 common + ["--nodes", "sentence"],
                 args.workers,
-                # the default shards (8,192 chunks: all on one worker here), and shards enough for every worker
+                # the default shards (8,192 chunks: one here, cut for the embedding), and smaller ones
                 {"ray": [], "ray_small_shards": ["--ray-shard-chunks", str(args.shard_chunks)]},
             )
         )

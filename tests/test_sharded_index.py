@@ -385,6 +385,30 @@ def test_add_and_remove_on_a_sharded_index_equal_sharded_rebuilds(tmp_path, embe
     assert check_index(tmp_path / "grown") == []
 
 
+def test_a_ray_build_of_fewer_shards_than_workers_spreads_them_over_every_worker(tmp_path):
+    """A --ray build's staged shards are cut, at chunk boundaries, into one per worker or more where there
+    are fewer: each worker embeds one shard at a time, and a corpus of one shard (below 8,192 chunks)
+    left the others idle. The cut shards hold the same chunks and pairs in order, renumbered within each."""
+    from qcg_gpu.indexing.chunking import Chunk
+    from qcg_gpu.indexing.sharded import Staging
+    from qcg_gpu.indexing.stages import Pairs
+
+    chunks = [Chunk("doc", i, 10, f"text {i}") for i in range(5)]
+    pairs = Pairs(np.array([0, 0, 2, 3, 3, 4]), np.array([0, 1, 0, 0, 1, 0]), list("abcdef"), list("ABCDEF"))
+    staging = Staging(tmp_path / "staging")
+    staging.put_input(chunks, pairs)
+    staging.put_input(chunks[:1], Pairs(np.array([0]), np.array([0]), ["g"], ["G"]))
+    staging.spread(5)  # 3 pieces a shard where it has the chunks: the second has one
+    assert [count["chunks"] for count in staging.counts] == [2, 2, 1, 1]
+    inputs = [staging.input(shard) for shard in staging.shards()]
+    assert [c for part, _ in inputs for c in part] == chunks + chunks[:1]
+    assert [p.chunk_id.tolist() for _, p in inputs] == [[0, 0], [0, 1, 1], [0], [0]]
+    assert [p.question for _, p in inputs] == [["a", "b"], ["c", "d", "e"], ["f"], ["g"]]
+    assert [count["pairs"] for count in staging.counts] == [2, 3, 1, 1]
+    staging.spread(2)  # enough shards already
+    assert staging.shards() == range(4)
+
+
 def test_a_ray_build_writes_the_same_shards(whole_and_sharded, tmp_path, cluster):
     import dataclasses
 

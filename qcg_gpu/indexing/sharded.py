@@ -196,6 +196,7 @@ def _embed(
     Returns the embedder's description and object refs of the shards' node embeddings: made by the
     workers and left in the object store, so that this process never holds them all."""
     ray = cluster.ray
+    staging.spread(cluster.workers)
     with stage(summary, "load_embedder"):
         workers = cluster.actors(_ShardWorker, nodes)
         model_name, dim, max_tokens = ray.get(workers[0].describe.remote())
@@ -237,10 +238,30 @@ class Staging:
         return range(len(self.counts))
 
     def put_input(self, chunks: list[Chunk], pairs: Pairs) -> None:
-        shard = len(self.counts)
+        self.counts.append({})
+        self._put_input(len(self.counts) - 1, chunks, pairs)
+
+    def _put_input(self, shard: int, chunks: list[Chunk], pairs: Pairs) -> None:
         self._write(shard, "input_chunks", pa.Table.from_pylist([vars(c) for c in chunks]))
         self._write(shard, "input_pairs", _pairs_table(pairs))
-        self.counts.append({"chunks": len(chunks), "pairs": len(pairs), "nodes": 0})
+        self.counts[shard] = {"chunks": len(chunks), "pairs": len(pairs), "nodes": 0}
+
+    def spread(self, parts: int) -> None:
+        """Cut the staged shards at chunk boundaries into ``parts`` or more, where there are fewer: a
+        worker embeds one shard at a time, so a corpus of one shard left every other worker idle. The
+        shards go from the last, so none is overwritten before it is read. An embedding does not depend
+        on its batch, nor a pair's selection on other chunks: the index is the same."""
+        each = -(-parts // max(len(self.counts), 1))
+        if each <= 1:
+            return
+        pieces = [min(each, count["chunks"]) for count in self.counts]
+        first = np.cumsum([0] + pieces)
+        self.counts += [{}] * (int(first[-1]) - len(self.counts))
+        for shard in reversed(range(len(pieces))):
+            chunks, pairs = self.input(shard)
+            for i, rows in enumerate(np.array_split(np.arange(len(chunks)), pieces[shard])):
+                start, stop = int(rows[0]), int(rows[-1]) + 1
+                self._put_input(int(first[shard]) + i, chunks[start:stop], pairs.of_chunks(start, stop))
 
     def input(self, shard: int) -> tuple[list[Chunk], Pairs]:
         chunks = [Chunk(**row) for row in self._read(shard, "input_chunks").to_pylist()]

@@ -192,6 +192,16 @@ class Pairs:
     def __len__(self) -> int:
         return len(self.chunk_id)
 
+    def of_chunks(self, start: int, stop: int) -> Pairs:
+        """The pairs of chunks ``start`` to ``stop`` (before Doc2Query--), their chunk ids from 0."""
+        rows = np.flatnonzero((self.chunk_id >= start) & (self.chunk_id < stop))
+        return Pairs(
+            self.chunk_id[rows] - start,
+            self.gen_index[rows],
+            [self.question[r] for r in rows],
+            [self.answer[r] for r in rows],
+        )
+
     def texts(self) -> list[str]:
         """q ⊕ a of every pair: what Doc2Query-- scores and ``qa`` nodes embed."""
         return [pair_text(q, a) for q, a in zip(self.question, self.answer)]
