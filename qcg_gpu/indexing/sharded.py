@@ -9,7 +9,8 @@ M = 20, 4 GB per 100k chunks. The driver of a Ray build streams the corpus throu
    shards), each reply is cached as it arrives, and the shard's chunks and parsed pairs are staged.
 2. embed: each staged shard goes to an embedder actor, which embeds its chunks and pairs, selects
    the pairs (Doc2Query--) and makes the nodes (:func:`stages.embed_and_select`); what comes back
-   is staged and dropped.
+   is staged and dropped. Fewer shards than workers are cut into one per worker first
+   (:meth:`Staging.spread`).
 3. kNN: the nodes' embeddings, left in the object store by the embedder actors, are joined there
    (:func:`distributed.knn_graph_of_parts`); row blocks are searched by tasks. An index stored as
    node shards (``--shard-nodes``) gets its graph once its embeddings are written instead: a task
