@@ -395,3 +395,11 @@ def test_retry_regenerates_only_the_failed_chunks_and_equals_a_rebuild(
         np.testing.assert_array_equal(load_array(tmp_path / "idx", array), load_array(tmp_path / "rebuilt", array))
     with pytest.raises(QCGError, match="no failed chunks"):
         retry_failed(tmp_path / "idx", llm=vllm_backend, embedder=embedder)
+
+
+def test_a_sentence_node_build_s_summary_says_nothing_of_an_llm(tmp_path, embedder):
+    """Its pairs, LLM and token lines were all zeros ("LLM: 0 chunks generated, 0 from cache")."""
+    config = IndexConfig()
+    config.nodes.nodes, config.nodes.device = "sentence", "cpu"
+    text = build_index(sample_docs(tmp_path / "docs", 2), tmp_path / "index", config, embedder=embedder).format()
+    assert "graph:" in text and not [line for line in ("pairs:", "LLM:", "tokens:") if line in text], text

@@ -103,17 +103,17 @@ class IndexSummary:
         s = self.seconds.get("generate", 0.0)
         return self.generated_output_tokens / s if s and self.generated_output_tokens else 0.0
 
-    def format(self, update: str | None = None) -> str:
-        """The summary printed after a build; after an add or a retry, ``update`` heads it (e.g. "documents
-        added to"), and its counts are of the documents added (or regenerated), but the kNN edges the whole index's."""
-        graph = (
-            f"{self.nodes} nodes added, {self.edges} kNN edges in the index"
-            if update
-            else f"{self.nodes} nodes, {self.edges} kNN edges"
+    @property
+    def asked_an_llm(self) -> bool:
+        """Whether the nodes come from LLM replies: a sentence-node index's summary leaves out the
+        pairs, LLM and token lines (all zeros)."""
+        return (
+            bool(self.generated_chunks or self.cached_chunks or self.failed_chunks or self.pairs_valid)
+            or self.stored_chunks is not None
         )
-        lines = [
-            f"{update or 'index written to'} {self.out}",
-            f"  documents {self.documents} ({len(self.skipped)} skipped), chunks {self.chunks}",
+
+    def _llm_lines(self) -> list[str]:
+        return [
             f"  pairs: {self.pairs_valid} valid, {self.pairs_kept} kept, dropped {dict(self.dropped) or 0}",
             f"  LLM: {counted(self.generated_chunks, 'chunk')} generated, {self.cached_chunks} from cache"
             + (
@@ -125,6 +125,20 @@ class IndexSummary:
             + (f", {counted(self.truncated_replies, 'reply')} hit max_tokens" if self.truncated_replies else ""),
             f"  tokens: {self.prompt_tokens} prompt, {self.output_tokens} output"
             + (f" ({self.generation_tokens_per_s:.0f} output tok/s this run)" if self.generated_output_tokens else ""),
+        ]
+
+    def format(self, update: str | None = None) -> str:
+        """The summary printed after a build; after an add or a retry, ``update`` heads it (e.g. "documents
+        added to"), and its counts are of the documents added (or regenerated), but the kNN edges the whole index's."""
+        graph = (
+            f"{self.nodes} nodes added, {self.edges} kNN edges in the index"
+            if update
+            else f"{self.nodes} nodes, {self.edges} kNN edges"
+        )
+        lines = [
+            f"{update or 'index written to'} {self.out}",
+            f"  documents {self.documents} ({len(self.skipped)} skipped), chunks {self.chunks}",
+            *(self._llm_lines() if self.asked_an_llm else []),
             f"  graph: {graph}",
             "  seconds: " + ", ".join(f"{stage} {s:.1f}" for stage, s in self.seconds.items()),
         ]
