@@ -47,10 +47,23 @@ def numba_threads_as_openmp() -> None:
     """NUMBA_NUM_THREADS from OMP_NUM_THREADS where only the latter is set (a value set for numba is kept;
     numba reads it at import). Numba otherwise starts a thread per core of the machine, and as its OpenMP
     pool starts it sets OpenMP's thread count, which torch runs on, to its own: a process told
-    OMP_NUM_THREADS=4 (a batch job's share of a node) ran numba and then torch on every core."""
+    OMP_NUM_THREADS=4 (a batch job's share of a node) ran numba and then torch on every core. Where numba
+    was imported first, it is too late for this process: the user is told."""
     threads = os.environ.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        os.environ.setdefault("NUMBA_NUM_THREADS", threads)
+    if not (threads.isdigit() and int(threads) > 0):
+        return
+    numba = sys.modules.get("numba")  # imported before qcg_gpu: too late for this process
+    if numba is not None and "NUMBA_NUM_THREADS" not in os.environ and numba.config.NUMBA_NUM_THREADS != int(threads):
+        from .log import logger
+
+        logger.warning(
+            "numba was imported before qcg_gpu and runs %d threads, not OMP_NUM_THREADS=%s: set "
+            "NUMBA_NUM_THREADS=%s too, or import qcg_gpu first",
+            numba.config.NUMBA_NUM_THREADS,
+            threads,
+            threads,
+        )
+    os.environ.setdefault("NUMBA_NUM_THREADS", threads)
 
 
 MOVED_USER_CACHE: list[str] = []  # the user cache folder that could not be written, once replaced

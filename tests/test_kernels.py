@@ -94,3 +94,18 @@ def test_omp_num_threads_holds_for_numba_and_for_torch_once_a_kernel_ran():
     run = subprocess.run([sys.executable, "-c", THREADS_AFTER_A_KERNEL], env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split() == ["1", "1"]
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: numba's own count is OMP_NUM_THREADS=1 too")
+def test_numba_imported_before_qcg_gpu_is_named_where_it_ignores_omp_num_threads():
+    """Numba reads its thread count at import, so one imported before qcg_gpu ran on every core whatever
+    OMP_NUM_THREADS said, silently."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_NUM_THREADS"} | {"OMP_NUM_THREADS": "1"}
+
+    def stderr_of(program: str) -> str:
+        run = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return run.stderr
+
+    assert "numba was imported before qcg_gpu and runs" in stderr_of("import numba; import qcg_gpu")
+    assert "numba" not in stderr_of("import qcg_gpu; import numba")
