@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import graphlib
+import re
 import shutil
 import subprocess
 import sys
@@ -99,3 +100,12 @@ def test_settings_are_split_by_concern_with_at_most_twenty_fields():
     assert sorted(concern_fields) == sorted(f.name for f in dataclasses.fields(config.GenerationConfig))
     assert len(set(concern_fields)) == len(concern_fields)
     assert set(config.ANSWERING_LLM_CONCERNS) < set(config.GENERATION_CONCERNS)
+
+
+def test_the_development_page_names_every_module():
+    """docs/development.md's layout table is where a newcomer looks for a module: a module added without
+    a word there is found only by searching."""
+    layout = (ROOT / "docs" / "development.md").read_text().split("## Tests")[0]
+    named = {name.removesuffix(".py").split("/")[-1] for name in re.findall(r"`([\w/.]+)`", layout)}
+    modules = [path for path in sorted((ROOT / "qcg_gpu").rglob("*.py")) if path.stem not in ("__init__", "__main__")]
+    assert [str(path.relative_to(ROOT)) for path in modules if path.stem not in named] == []
