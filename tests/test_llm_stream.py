@@ -9,13 +9,14 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from qcg_gpu.config import GenerationConfig
+from qcg_gpu import build_index
+from qcg_gpu.config import GenerationConfig, IndexConfig
 from qcg_gpu.errors import QCGError
 from qcg_gpu.indexing import doc2query
 from qcg_gpu.indexing.stages import IndexSummary
 from qcg_gpu.llm.backends import SamplingSpec
 
-from .conftest import qcg, sample_docs
+from .conftest import sample_docs
 
 pytestmark = pytest.mark.llm
 
@@ -70,26 +71,15 @@ def test_engine_failure_fails_every_unfinished_request(vllm_backend, monkeypatch
     assert not engine.has_unfinished_requests()
 
 
-def test_compact_json_replies_carry_no_optional_whitespace(tmp_path):
+def test_compact_json_replies_carry_no_optional_whitespace(tmp_path, vllm_backend, embedder):
     """vLLM 0.32 reads the whitespace rule from the engine, not the request, so the backend loads its
-    engine so (in a process of its own here: two engines in one process share vLLM's global state)."""
-    docs = sample_docs(tmp_path / "docs", 2)
-    result = qcg(
-        "index",
-        docs,
-        tmp_path / "index",
-        "--m",
-        "2",
-        "--compact-json",
-        "--cache",
-        tmp_path / "cache.sqlite",
-        "--replies-out",
-        tmp_path / "replies.parquet",
-        "--device",
-        "cpu",
-        "--quiet",
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
+    engine so: the session's engine was loaded with the bundled model's setting, compact."""
+    config = IndexConfig()
+    config.generation.m, config.generation.compact_json = 2, True
+    config.generation.cache = str(tmp_path / "cache.sqlite")
+    config.generation.replies_out = str(tmp_path / "replies.parquet")
+    config.nodes.device = "cpu"
+    build_index(sample_docs(tmp_path / "docs", 2), tmp_path / "index", config, llm=vllm_backend, embedder=embedder)
     texts = [json.loads(v)["text"] for v in pq.read_table(tmp_path / "replies.parquet").column("value").to_pylist()]
     assert len(texts) == 2 and all(t.startswith('{"pairs":[{"question":"') and "\n" not in t for t in texts), texts
 
