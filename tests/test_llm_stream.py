@@ -141,6 +141,27 @@ def test_time_left_comes_from_tokens_not_replies():
     assert tokens_left(3, 0, 0, 0, None) is None and tokens_left(1, 100, 1, 500, None) == 100
 
 
+def test_time_left_before_any_reply_finishes_is_a_bound_of_minutes_not_hours():
+    """The quickstart's 26 replies (cap 1,032 tokens each; the generation took 106.9 s, 2026-12-07, Zen 4):
+    (seconds, output tokens) as its bar saw them before the first reply finished at 0:40. The bar said
+    '~4:03:15 left' at 0:12 and '~15:24' at 0:16: the rate since the start counted the prompts' prefill.
+    Now it says nothing for 3 s of writing, then at most 2-4x the time truly left."""
+    from qcg_gpu.llm.backends import seconds_left, tokens_left
+
+    seen = [(12, 23), (14, 49), (15, 257), (16, 465), (17, 673), (18, 881), (19, 1089), (20, 1323), (21, 1557)]
+    seen += [(22, 1765), (24, 2181), (26, 2571), (28, 2935), (30, 3247), (33, 3559), (36, 4105), (39, 4651)]
+    first_written = seen[0]
+    for elapsed, tokens in seen:
+        left, truly_left = tokens_left(26, 0, 0, tokens, 1032), 106.9 - elapsed
+        seconds = seconds_left(left, 0, tokens, elapsed, first_written)
+        if elapsed < first_written[0] + 3:
+            assert seconds is None, elapsed
+        else:
+            assert truly_left <= seconds <= 4 * truly_left, (elapsed, seconds, truly_left)
+    assert seconds_left(tokens_left(26, 0, 0, 23, 1032), 0, 23, 12, None) is None  # the first tokens: no rate yet
+    assert seconds_left(tokens_left(20, 2000, 6, 9000, 1032), 6, 11000, 80, first_written) == 20 * 2000 / 6 * 80 / 11000
+
+
 def test_time_left_is_not_nil_while_replies_are_in_flight():
     """The 26 replies of the quickstart's build (cap 1352), all in flight at once, one token each per
     step: the shortest finish first, so the running ones outgrew the finished ones' mean, and the bar

@@ -260,6 +260,9 @@ class VLLMBackend(LLMBackend):
             bar.close()
 
 
+RATE_AFTER_S = 3.0  # seconds of writing before the first rate is trusted (prompts still in prefill join)
+
+
 class TokenMeter:
     """The progress bar's output-token count and time left, moving while replies are written: vLLM's
     offline engine reports a request only when it finishes (minutes on a CPU), so the tokens of
@@ -272,6 +275,7 @@ class TokenMeter:
     def __init__(self, bar, engine, every_s: float = 1.0, cap: int | None = None):
         self.bar, self.engine, self.every_s, self.shown, self.cap = bar, engine, every_s, 0.0, cap
         self.finished_tokens = self.finished = 0
+        self.first_written: tuple[float, int] | None = None  # (elapsed, tokens) when tokens were first seen
 
     def finish(self, output_tokens: int) -> None:
         self.finished_tokens += output_tokens
@@ -289,11 +293,32 @@ class TokenMeter:
             self.shown = now
             running = self.running_tokens()
             tokens, elapsed = self.finished_tokens + running, max(self.bar.format_dict["elapsed"], 1e-9)
+            if tokens and self.first_written is None:
+                self.first_written = (elapsed, tokens)
             text = f"{tokens:,} output tokens, {tokens / elapsed:.1f} tok/s"
             left = tokens_left(self.bar.total - self.finished, self.finished_tokens, self.finished, running, self.cap)
-            if tokens and left is not None:
-                text += f", ~{self.bar.format_interval(left * elapsed / tokens)} left"
+            seconds = seconds_left(left, self.finished, tokens, elapsed, self.first_written)
+            if seconds is not None:
+                text += f", {'~' if self.finished else 'at most '}{self.bar.format_interval(seconds)} left"
             self.bar.set_postfix_str(text)
+
+
+def seconds_left(
+    left: float | None, finished: int, tokens: int, elapsed: float, first_written: tuple[float, int] | None
+) -> float | None:
+    """The time ``left`` tokens take, None where it cannot be told yet. Before any reply has finished,
+    ``left`` is a bound (each reply at its cap), divided by the rate since the first token was seen, once
+    it has been measured for a few seconds: the run's first seconds prefill the prompts and write none,
+    and the rate since the start gave the quickstart's 107 s generation '~4:03:15 left' at 0:12 and
+    '~15:24' at 0:16. After, the rate since the start, as the bar has always shown it."""
+    if left is None or not tokens:
+        return None
+    if finished:
+        return left * elapsed / tokens
+    if first_written is None or elapsed - first_written[0] < RATE_AFTER_S:
+        return None
+    since, written = first_written
+    return left * (elapsed - since) / max(tokens - written, 1)
 
 
 def tokens_left(unfinished: int, finished_tokens: int, finished: int, running_tokens: int, cap: int | None):
