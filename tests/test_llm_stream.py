@@ -159,7 +159,9 @@ def test_time_left_before_any_reply_finishes_is_a_bound_of_minutes_not_hours():
         else:
             assert truly_left <= seconds <= 4 * truly_left, (elapsed, seconds, truly_left)
     assert seconds_left(tokens_left(26, 0, 0, 23, 1032), 0, 23, 12, None) is None  # the first tokens: no rate yet
-    assert seconds_left(tokens_left(20, 2000, 6, 9000, 1032), 6, 11000, 80, first_written) == 20 * 2000 / 6 * 80 / 11000
+    assert seconds_left(tokens_left(20, 2000, 6, 9000, 1032), 6, 11000, 80, first_written) == pytest.approx(
+        20 * 2000 / 6 * 80 / 11000
+    )
 
 
 def test_time_left_is_not_nil_while_replies_are_in_flight():
