@@ -76,6 +76,11 @@ def test_triton_kernel_in_the_interpreter():
     assert " passed" in done.stdout and "failed" not in done.stdout
 
 
+def one_openmp_thread() -> dict[str, str]:
+    """This process's environment told OMP_NUM_THREADS=1, with nothing set for numba."""
+    return {k: v for k, v in os.environ.items() if k != "NUMBA_NUM_THREADS"} | {"OMP_NUM_THREADS": "1"}
+
+
 THREADS_AFTER_A_KERNEL = """
 import qcg_gpu  # first, as the command line imports it: numba reads its thread count at import
 import numpy as np, numba, torch
@@ -90,7 +95,7 @@ print(numba.get_num_threads(), torch.get_num_threads())
 def test_omp_num_threads_holds_for_numba_and_for_torch_once_a_kernel_ran():
     """A process told OMP_NUM_THREADS=1 ran numba on every core, and once numba's OpenMP pool had
     started, torch too (it set OpenMP's count, which torch runs on, to its own)."""
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_NUM_THREADS"} | {"OMP_NUM_THREADS": "1"}
+    env = one_openmp_thread()
     run = subprocess.run([sys.executable, "-c", THREADS_AFTER_A_KERNEL], env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split() == ["1", "1"]
@@ -100,7 +105,7 @@ def test_omp_num_threads_holds_for_numba_and_for_torch_once_a_kernel_ran():
 def test_numba_imported_before_qcg_gpu_is_named_where_it_ignores_omp_num_threads():
     """Numba reads its thread count at import, so one imported before qcg_gpu ran on every core whatever
     OMP_NUM_THREADS said, silently."""
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_NUM_THREADS"} | {"OMP_NUM_THREADS": "1"}
+    env = one_openmp_thread()
 
     def stderr_of(program: str) -> str:
         run = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True)

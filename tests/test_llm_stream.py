@@ -146,7 +146,7 @@ def test_time_left_before_any_reply_finishes_is_a_bound_of_minutes_not_hours():
     (seconds, output tokens) as its bar saw them before the first reply finished at 0:40. The bar said
     '~4:03:15 left' at 0:12 and '~15:24' at 0:16: the rate since the start counted the prompts' prefill.
     Now it says nothing for 3 s of writing, then at most 2-4x the time truly left."""
-    from qcg_gpu.llm.backends import seconds_left, tokens_left
+    from qcg_gpu.llm.backends import RATE_AFTER_S, seconds_left, tokens_left
 
     seen = [(12, 23), (14, 49), (15, 257), (16, 465), (17, 673), (18, 881), (19, 1089), (20, 1323), (21, 1557)]
     seen += [(22, 1765), (24, 2181), (26, 2571), (28, 2935), (30, 3247), (33, 3559), (36, 4105), (39, 4651)]
@@ -154,7 +154,7 @@ def test_time_left_before_any_reply_finishes_is_a_bound_of_minutes_not_hours():
     for elapsed, tokens in seen:
         left, truly_left = tokens_left(26, 0, 0, tokens, 1032), 106.9 - elapsed
         seconds = seconds_left(left, 0, tokens, elapsed, first_written)
-        if elapsed < first_written[0] + 3:
+        if elapsed < first_written[0] + RATE_AFTER_S:
             assert seconds is None, elapsed
         else:
             assert truly_left <= seconds <= 4 * truly_left, (elapsed, seconds, truly_left)
