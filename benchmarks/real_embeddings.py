@@ -1,8 +1,9 @@
 """Real embeddings for the retrieval benchmarks, made offline: every LiHuaWorld chat line and the
 docstring paragraphs of installed Python packages (torch, transformers, scipy, ...), up to
-``--count`` texts (cut at 240 characters, shuffled), embedded by the bundled all-MiniLM-L6-v2 in
-bf16. Their similarities have the spectrum and spread of real text, which the synthetic clusters
-of ``qcg_gpu.eval.bench`` do not (issue 18: how wide are the prefilters' candidate windows on them?).
+``--count`` texts (cut at 240 characters, shuffled), embedded by the bundled all-MiniLM-L6-v2 (in
+bf16 where the CPU has AMX, else float32). Their similarities have the spectrum and spread of real
+text, which the synthetic clusters of ``qcg_gpu.eval.bench`` do not (issue 18: how wide are the
+prefilters' candidate windows on them?).
 
     python benchmarks/real_embeddings.py --count 110000 --out benchmarks/out/real.npy   # ~3 min on 2 cores
     python benchmarks/bench_retrieval.py --embeddings benchmarks/out/real.npy --nodes 100000 --batch 10000
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from qcg_gpu.capabilities import cpu_has_amx
 from qcg_gpu.embedding import Embedder
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "lihuaworld" / "docs"
@@ -69,7 +71,8 @@ def main() -> None:
 
     texts = real_texts(args.count)
     embedder = Embedder(batch_size=128)
-    embedder.model.to(torch.bfloat16)  # 2x faster on CPUs with AMX; the benchmark needs real spread, not the last bit
+    if cpu_has_amx():  # 2x faster there; the benchmark needs real spread, not the last bit
+        embedder.model.to(torch.bfloat16)  # elsewhere bf16 is far slower: 72 s per batch on an EPYC Zen 3
     args.out.parent.mkdir(parents=True, exist_ok=True)
     np.save(args.out, embedder.encode(texts, "real texts").astype(np.float32))
     print(f"{len(texts)} texts -> {args.out}")
