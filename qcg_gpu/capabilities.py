@@ -239,32 +239,15 @@ def cpu_has_amx() -> bool:
 
 def cpu_has_vnni() -> bool:
     """True when the CPU sums int8 products into int32 in one instruction (VNNI: Cascade Lake and later
-    Xeons, AMD Zen 4 and later), where the int8 GEMM was measured faster than float32. Not on AVX2 alone:
-    a real AVX2-only EPYC Zen 2 ran it far slower (benchmarks/RESULTS.md, "Retrieval throughput")."""
+    Xeons, AMD Zen 4 and later), where ``torch._int_mm`` was measured fast. Without it, on AMD EPYC Zen 2
+    and Zen 3, ``torch._int_mm`` runs a reference loop, and the int8 prefilter takes oneDNN's matmul
+    primitive instead (``retrieval/int8_gemm.py``; benchmarks/RESULTS.md, "Retrieval throughput")."""
     return bool({"avx512_vnni", "avx_vnni"} & _cpuinfo()[1])
 
 
-@functools.cache
-def int8_node_code_max(dim: int) -> int:
-    """The largest |int8 code| the nodes may take for ``torch._int_mm`` sums to be exact at this
-    dimension: 127, or 63 where oneDNN's kernel adds u8 x s8 products in pairs into int16 and saturates
-    past 32,767 (without VNNI: an AVX-512 CPU capped to AVX2 did, a real AVX2-only EPYC Zen 2 did not),
-    at most 2 x 255 x 63 = 32,130 with nodes of 7 bits (the query side becomes u8 by adding 128, so it
-    keeps its 8 bits). 0 where even that is not exact. Decided by a test GEMM at first use, on the codes
-    that saturate first."""
-    import numpy as np
-
-    torch = require("torch")
-    for code_max in (127, 63):
-        query = np.full((16, dim), 127, np.int8)
-        query[8:, 1::2] = -127
-        nodes = np.full((40, dim), code_max, np.int8)
-        nodes[20:] *= -1
-        nodes[10:30, ::2] *= -1
-        got = torch._int_mm(torch.from_numpy(query), torch.from_numpy(nodes).T).numpy()
-        if np.array_equal(got, query.astype(np.int64) @ nodes.T.astype(np.int64)):
-            return code_max
-    return 0
+def cpu_has_avx2() -> bool:
+    """True on x86 CPUs with AVX2 (Haswell, AMD Zen on), whose int8 GEMM outruns float32."""
+    return "avx2" in _cpuinfo()[1]
 
 
 def cpu_kind() -> str:

@@ -28,6 +28,17 @@ RETRIEVAL_BACKENDS += (
     if WITH_TORCH
     else []
 )
+# The int8 prefilter by each of its GEMM routes, whichever this CPU would pick (the int8_gemm marker)
+INT8_ROUTES = (
+    [
+        pytest.param(
+            {"backend": "numpy", "prefilter": "int8"}, id=f"numpy-int8-{route}", marks=pytest.mark.int8_gemm(route)
+        )
+        for route in ("IntMm", "QuantizedLinear")
+    ]
+    if WITH_TORCH
+    else []
+)
 RETRIEVAL_BACKENDS += (
     [
         pytest.param({"backend": "torch", "device": d, "prefilter": p}, id=f"torch-{d}-{p}")
@@ -37,6 +48,16 @@ RETRIEVAL_BACKENDS += (
     if WITH_TORCH
     else []
 )
+
+
+@pytest.fixture(autouse=True)
+def int8_gemm_route(request, monkeypatch):
+    """A test marked ``int8_gemm(route)`` runs the int8 prefilter by that route on any CPU."""
+    marker = request.node.get_closest_marker("int8_gemm")
+    if marker is not None:
+        from qcg_gpu.retrieval import int8_gemm
+
+        monkeypatch.setattr(int8_gemm, "for_this_cpu", getattr(int8_gemm, marker.args[0]))
 
 
 def sample_docs(directory: Path, n: int) -> Path:

@@ -1,13 +1,13 @@
 """Run in a subprocess by tests/test_cpu_kinds.py, under an instruction-set cap that must be set
 before torch loads: prints, as JSON, this process's int8 node codes and, per prefilter, how many of
-the queries got other seeds or seed similarities than the float64 path (METHOD.md's selection)."""
+the queries got other seeds or seed similarities than the float64 path (METHOD.md's selection); int8
+by each GEMM route (``qcg_gpu/retrieval/int8_gemm.py``)."""
 
 import json
 
 import numpy as np
 
-from qcg_gpu.capabilities import int8_node_code_max
-from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever, seed_threshold
+from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever, int8_gemm, seed_threshold
 
 GAMMA, N = 1.1, 10
 
@@ -52,16 +52,18 @@ def main() -> None:
     empty = np.zeros(len(nodes) + 1, np.int64), np.zeros(0, np.int64)
     index = QCGIndex(None, {}, nodes, *empty, np.arange(len(nodes)) // 16, (len(nodes) + 15) // 16)
     want = float64_seeds(nodes, queries)
-    report: dict = {"int8_node_code_max": int8_node_code_max(nodes.shape[1])}
-    report["int8_full_codes_exact"] = full_codes_exact(nodes.shape[1])
-    for prefilter in ("int8", "bf16"):
-        config = RetrievalConfig(gamma=GAMMA, n=N, hops=0, top_k=5, backend="numpy", prefilter=prefilter)
+    report: dict = {"int8_full_codes_exact": full_codes_exact(nodes.shape[1])}
+    for name, route in (("int8", int8_gemm.IntMm), ("int8_matmul", int8_gemm.QuantizedLinear), ("bf16", None)):
+        if route is not None:
+            report[f"{name}_node_code_max"] = int8_gemm.node_code_max(route(), nodes.shape[1])
+            int8_gemm.for_this_cpu = route  # this process runs one route after the other
+        config = RetrievalConfig(gamma=GAMMA, n=N, hops=0, top_k=5, backend="numpy", prefilter=name[:4])
         result = Retriever(index, config).search(queries)
         got = [
             ([s for s in ids.tolist() if s >= 0], sims[: (ids >= 0).sum()].tolist())
             for ids, sims in zip(result.seed_ids, result.seed_sims)
         ]
-        report[prefilter] = sum(g != w for g, w in zip(got, want))
+        report[name] = sum(g != w for g, w in zip(got, want))
     report["seeds_per_query"] = float(np.mean([len(ids) for ids, _ in want]))
     print(json.dumps(report))
 

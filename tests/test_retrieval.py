@@ -11,9 +11,10 @@ from qcg_gpu.errors import QCGError
 from qcg_gpu.indexing.knn import knn_graph
 from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever, check_queries
 
-from .conftest import DEVICES
-from .conftest import RETRIEVAL_BACKENDS as BACKENDS
+from .conftest import DEVICES, INT8_ROUTES, RETRIEVAL_BACKENDS
 from .reference import reference_search
+
+BACKENDS = [p for p in RETRIEVAL_BACKENDS if p.id != "numpy-int8"] + INT8_ROUTES  # int8 by each GEMM route
 
 
 def random_index(seed: int, n_nodes: int, dim: int, k: int, n_chunks: int) -> QCGIndex:
@@ -374,11 +375,12 @@ def nodes_only(x: np.ndarray) -> QCGIndex:
 
 
 @pytest.mark.skipif(not WITH_TORCH, reason="the prefilters run their GEMM in torch")
-@pytest.mark.parametrize("kind", ["bf16", "int8"])
-def test_prefilter_error_bounds_hold_for_the_real_gemm(kind):
+@pytest.mark.parametrize("kind, route", [("bf16", None), ("int8", "IntMm"), ("int8", "QuantizedLinear")])
+def test_prefilter_error_bounds_hold_for_the_real_gemm(kind, route):
     """Every approximate similarity the scan reads (the real GEMM's output as keys, valued as the
     kernel values them) lies within the bound of the exact one, and the bound is tight enough to prune."""
     from qcg_gpu.kernels import prefilter_cpu
+    from qcg_gpu.retrieval import int8_gemm
     from qcg_gpu.retrieval.numpy_backend import PREFILTERS
 
     rng = np.random.default_rng(11)
@@ -387,8 +389,7 @@ def test_prefilter_error_bounds_hold_for_the_real_gemm(kind):
         q = unit_rows(rng, 300, dim, around=x[:300])
         x[7] *= 0  # a zero node and a zero query: scales stay finite, the bound still holds
         q[5] *= 0
-        prefilter = PREFILTERS[kind](nodes_only(x))
-        prefilter.cols = len(x)
+        prefilter = PREFILTERS[kind](nodes_only(x), **({"gemm": getattr(int8_gemm, route)()} if route else {}))
         tile, bound, unit = prefilter.round_tile(q)
         keys = prefilter.keys(tile, 0, prefilter.output(len(q)))
         if kind == "bf16":
@@ -399,6 +400,18 @@ def test_prefilter_error_bounds_hold_for_the_real_gemm(kind):
         error = np.abs(q.astype(np.float64) @ x.T.astype(np.float64) - approx)
         assert (error <= bound[:, None]).all()
         assert bound.max() < {"bf16": 0.02, "int8": 0.05}[kind]  # a few rounding steps
+
+
+@pytest.mark.skipif(not WITH_TORCH, reason="the int8 GEMM is torch's")
+def test_the_matmul_route_keeps_node_codes_whose_sums_a_float32_holds():
+    """oneDNN's matmul route returns float32, exact below 2^24: past that the node codes shrink, then int8
+    is refused, even where the test GEMM's sums (d x 127 x 127, even) would come out right."""
+    from qcg_gpu.retrieval import int8_gemm
+
+    route = int8_gemm.QuantizedLinear()
+    assert int8_gemm.node_code_max(route, 384) in (127, 63)  # 63 where its kernel saturates (AVX2 alone)
+    assert int8_gemm.node_code_max(route, 1100) == 63  # 1100 x 127 x 127 > 2^24
+    assert int8_gemm.node_code_max(route, 2100) == 0  # 2100 x 127 x 63 > 2^24
 
 
 CPU_FLAGS = {  # /proc/cpuinfo flags of the CPU kinds the prefilter choice tells apart
@@ -413,12 +426,12 @@ CPU_FLAGS = {  # /proc/cpuinfo flags of the CPU kinds the prefilter choice tells
 @pytest.mark.parametrize(
     "cpu, want",
     [("Sapphire Rapids (AMX)", "bf16"), ("Zen 4 (AVX512-BF16, no AMX)", "int8"), ("Cascade Lake (VNNI)", "int8")]
-    + [("Zen 3 (AVX2)", None), ("Arm", None)],
+    + [("Zen 3 (AVX2)", "int8"), ("Arm", None)],
 )
 def test_auto_prefilter_takes_the_fastest_measured_gemm(monkeypatch, cpu, want):
-    """bf16 only with AMX (AVX512-BF16 alone measured 0.6x float32), int8 with VNNI (AVX2 alone measured
-    0.05x float32 on a real Zen 2), and the float32 GEMM where nothing was measured faster; an explicit
-    choice is kept."""
+    """bf16 only with AMX (AVX512-BF16 alone measured 0.6x float32), int8 on other x86 CPUs (by oneDNN's
+    matmul primitive without VNNI: 2.2x float32 on a real Zen 3), and the float32 GEMM where nothing was
+    measured faster; an explicit choice is kept."""
     from qcg_gpu import capabilities
     from qcg_gpu.retrieval.retriever import prefilter_kind
 
@@ -432,14 +445,13 @@ def test_auto_prefilter_takes_the_fastest_measured_gemm(monkeypatch, cpu, want):
 
 @pytest.mark.skipif(not WITH_TORCH, reason="the int8 GEMM is torch's")
 def test_auto_prefilter_keeps_float32_where_the_int8_gemm_is_not_exact(monkeypatch):
-    """A CPU whose int8 GEMM sums no node codes exactly (int8_node_code_max 0, simulated): auto takes the
+    """A CPU whose int8 GEMM sums no node codes exactly (node_code_max 0, simulated): auto takes the
     float32 GEMM and retrieves, while an explicit --prefilter int8 is refused in one line."""
     from qcg_gpu import capabilities
-    from qcg_gpu.retrieval import numpy_backend, retriever
+    from qcg_gpu.retrieval import int8_gemm, retriever
 
     monkeypatch.setattr(capabilities, "_cpuinfo", lambda: ("a CPU", frozenset(CPU_FLAGS["Cascade Lake (VNNI)"])))
-    monkeypatch.setattr(retriever, "int8_node_code_max", lambda dim: 0)
-    monkeypatch.setattr(numpy_backend, "int8_node_code_max", lambda dim: 0)
+    monkeypatch.setattr(int8_gemm, "node_code_max", lambda gemm, dim: 0)
     index = random_index(5, 500, 32, 4, 50)
     assert retriever.prefilter_kind(RetrievalConfig(backend="numpy"), dim=index.dim) is None
     want = Retriever(index, RetrievalConfig(backend="numpy", prefilter="off")).search(index.node_embeddings[:20])

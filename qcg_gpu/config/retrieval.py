@@ -36,8 +36,8 @@ class RetrievalConfig:
         "auto",
         "Precision of the similarity GEMM, a prefilter whose candidates are rescored in float64 (the same seeds "
         "and similarities in every precision): off = IEEE float32, bf16 (GPUs, CPUs with AMX) or int8 (CPU "
-        "backend; x86 CPUs, fastest with VNNI), several times faster; auto = bf16 on GPUs from Ampere on and AMX "
-        "CPUs, int8 on other x86 CPUs with VNNI, else off (AVX2 alone included: int8 measured slower there).",
+        "backend; x86 CPUs: several times faster with VNNI, about 2x on AVX2 alone); auto = bf16 on GPUs from "
+        "Ampere on and AMX CPUs, int8 on other x86 CPUs, else off.",
         ("auto", "bf16", "int8", "off"),
         runtime=True,
     )

@@ -1,6 +1,6 @@
 """Exact seed selection from a low-precision similarity prefilter, on CPU (METHOD.md, retrieval step 2).
 
-A bf16 GEMM (AMX on recent Xeons) and an int8 one (VNNI) run several times faster than float32
+A bf16 GEMM (AMX on recent Xeons) and an int8 one (VNNI; about 2x on AVX2 alone) run faster than float32
 (benchmarks/RESULTS.md, *Retrieval throughput*), but
 each similarity it gives may be off by up to ``eps`` (a bound computed from the vectors' actual
 rounding, see ``qcg_gpu.retrieval.bounds``). Seeds stay exact with two passes:
@@ -24,8 +24,10 @@ The scan compares *keys* that order like the approximations, one type per precis
   rounding, ~d 2^-24, so few candidates pass, and its seeds rank by the same float64 numbers);
 - bf16 values arrive as their int16 bit patterns (numba has no bf16 type); ``sortable`` maps them
   to integers that order like the values, and ``VALUES[key + 32768]`` is the value of a key;
-- an int8 GEMM gives exact int32 dot products of the quantised vectors; the value of a key is
-  ``key * unit`` with ``unit`` = 1 / (query scale x node scale), one per query.
+- an int8 GEMM gives exact dot products of the quantised vectors, as int32 (``torch._int_mm``) or as
+  float32 (oneDNN's matmul primitive; integers below 2^24, so exact); the value of a key is
+  ``key * unit`` with ``unit`` = 1 / (query scale x node scale), one per query. A float32 GEMM's
+  ``unit`` is 1, which leaves its values as they are.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def sortable(bits):
 
 
 def key_of(raw):
-    """The key of one GEMM output: bf16 bits (int16) -> ``sortable``; an int8 GEMM's int32 -> itself."""
+    """The key of one GEMM output: bf16 bits (int16) -> ``sortable``; int32 and float32 -> itself."""
     raise NotImplementedError  # numba only (the overload below)
 
 
@@ -85,17 +87,20 @@ def _key_of(raw):
 
 @overload(key_value, inline="always")
 def _key_value(key, unit, values):
-    if isinstance(key, types.Float):
-        return lambda key, unit, values: key
-    if key.bitwidth == 16:
+    if key.bitwidth == 16 and isinstance(key, types.Integer):
         return lambda key, unit, values: values[np.int32(key) + 32768]
-    return lambda key, unit, values: np.float32(key) * unit
+    return lambda key, unit, values: np.float32(key) * unit  # exact for a float32 GEMM's unit of 1
 
 
 @overload(key_floor, inline="always")
 def _key_floor(floor, unit, values, key):
-    if isinstance(key, types.Float):  # a float32 GEMM's output is its own key: just below the floor
-        return lambda floor, unit, values, key: np.float32(floor) - np.float32(1e-6)
+    if isinstance(key, types.Float):
+        # key * unit is rounded once, by at most 2^-24 of it: floor / unit, less 16 times that
+        def float_floor(floor, unit, values, key):
+            at = np.float64(floor) / np.float64(unit)
+            return np.float32(at - (1.0 + abs(at)) * 2.0**-20)
+
+        return float_floor
     if key.bitwidth == 16:
         return lambda floor, unit, values, key: np.int16(np.searchsorted(values, floor) - 32768 - 1)
 

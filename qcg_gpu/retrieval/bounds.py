@@ -6,8 +6,8 @@ do not depend on the precision.
 - bf16 (numpy backend on AMX CPUs, torch backend on GPUs): vectors rounded to bf16, products
   summed in float32, the output rounded to bf16.
 - int8 (numpy backend on x86 CPUs without AMX): each query row scaled by its own
-  factor to codes of at most 127, every node by one shared factor to at most 127 (63 without VNNI),
-  rounded; the GEMM's int32 sums are exact, and
+  factor to codes of at most 127, every node by one shared factor to at most 127 (63 where the
+  GEMM saturates: ``int8_gemm.node_code_max``), rounded; the GEMM's integer sums are exact, and
   the approximate similarity is that sum times 1 / (the two factors), in float32.
 
 Both bounds are |q.u - q~.u~| <= |q| |u - u~| + |q - q~| |u~| (q~, u~ the rounded vectors as
@@ -89,7 +89,7 @@ def bound_from_norms(q_norm, rounded_norm, residual_norm, node_norm: float, node
 
 def int8_node_scale(nodes: np.ndarray, code_max: int) -> float:
     """The factor shared by every node: ``code_max`` (127, or 63 where the CPU's int8 GEMM saturates:
-    ``capabilities.int8_node_code_max``) / the largest |component| (in blocks: a memory map)."""
+    ``int8_gemm.node_code_max``) / the largest |component| (in blocks: a memory map)."""
     peak = max((float(np.abs(block).max()) for _, block in node_blocks(nodes, np.float32)), default=0.0)
     return code_max / peak if peak > 0 else 1.0
 

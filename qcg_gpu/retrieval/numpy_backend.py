@@ -13,10 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from ..capabilities import WITH_TORCH, ieee_float32_matmul, int8_node_code_max, read_only_tensor, require
+from ..capabilities import WITH_TORCH, ieee_float32_matmul, read_only_tensor, require
 from ..config import RetrievalConfig
 from ..errors import QCGError
 from ..kernels.structs import Candidates, Graph, Ranking, RowBounds
+from . import int8_gemm
 from .bounds import (
     INT8_MAX,
     INT8_OUTPUT_ROUNDOFF,
@@ -230,29 +231,32 @@ class Bf16Prefilter(Prefilter):
 
 
 class Int8Prefilter(Prefilter):
-    """int8 GEMM (oneDNN through ``torch._int_mm``), exact int32 sums: node codes of 7 bits where the
-    CPU lacks VNNI (``capabilities.int8_node_code_max``). Its speed against float32 with VNNI and with
-    AVX2 alone: benchmarks/RESULTS.md, *Retrieval throughput* (``benchmarks/bench_gemm.py``)."""
+    """int8 GEMM, exact integer sums, by the route this CPU runs fastest (``int8_gemm.for_this_cpu``):
+    node codes of 7 bits where that route saturates (``int8_gemm.node_code_max``). Its speed against
+    float32 with VNNI and with AVX2 alone: benchmarks/RESULTS.md, *Retrieval throughput*."""
 
-    def __init__(self, index: QCGIndex, graph: Graph | None = None):
+    def __init__(self, index: QCGIndex, graph: Graph | None = None, gemm: Any = None):
+        """``gemm``: an :mod:`int8_gemm` route (default: this CPU's)."""
         super().__init__(index, graph)
         self.torch = torch = require("torch")
+        self.gemm_route = gemm or int8_gemm.for_this_cpu()
         nodes = index.node_embeddings
-        self.output_dtype = self.key_dtype = torch.int32  # exact integer dot products as keys
+        self.output_dtype = self.key_dtype = self.gemm_route.output_dtype  # exact integer dot products as keys
         self.spare = 1024  # its bound is ~2.5x bf16's, so ~2.5x as many candidates are within it
-        self.code_max = int8_node_code_max(nodes.shape[1])
+        self.code_max = int8_gemm.node_code_max(self.gemm_route, nodes.shape[1])
         if not self.code_max:
-            raise QCGError("this CPU's int8 GEMM (torch._int_mm) does not sum exactly; use --prefilter off")
+            raise QCGError(f"this CPU's int8 GEMM ({self.gemm_route.name}) does not sum exactly; use --prefilter off")
         self.node_scale = int8_node_scale(nodes, self.code_max)
-        self.nodes_low = torch.empty(nodes.shape, dtype=torch.int8)
+        codes = torch.empty(nodes.shape, dtype=torch.int8)
         norms, residuals = [0.0], [0.0]
         for start, block in node_blocks(nodes, np.float32):
             scale = np.full(len(block), self.node_scale)
             rounded, norm, _, residual = self.kernels.quantize_int8(block, scale, float(self.code_max))
-            self.nodes_low[start : start + len(block)] = torch.from_numpy(rounded)
+            codes[start : start + len(block)] = torch.from_numpy(rounded)
             norms.append(norm.max())
             residuals.append(residual.max())
         self.node_norm, self.node_residual = max(norms), max(residuals)  # the node side of the bound
+        self.packed = [self.gemm_route.pack(codes[c : c + self.cols]) for c in range(0, len(nodes), self.cols)]
 
     def round_tile(self, tile: np.ndarray):
         scale = int8_row_scales(tile)
@@ -261,10 +265,12 @@ class Int8Prefilter(Prefilter):
             q_norm, rounded_norm, residual_norm, self.node_norm, self.node_residual, INT8_OUTPUT_ROUNDOFF
         )
         unit = (1.0 / (scale * self.node_scale)).astype(np.float32)
-        return self.torch.from_numpy(tile_int8), eps.astype(np.float32), unit
+        return self.gemm_route.tile(self.torch.from_numpy(tile_int8)), eps.astype(np.float32), unit
 
-    def gemm(self, tile_int8, block, out):
-        return self.torch._int_mm(tile_int8, block, out=out)
+    def keys(self, tile_low, col0: int, out) -> np.ndarray:
+        block = self.packed[col0 // self.cols]
+        full = col0 + self.cols <= len(self.nodes)
+        return self.gemm_route(tile_low, block, out if full else None).numpy()
 
 
 class Float32Prefilter(Prefilter):

@@ -16,9 +16,8 @@ from ..capabilities import (
     WITH_TORCH,
     check_device,
     cpu_has_amx,
-    cpu_has_vnni,
+    cpu_has_avx2,
     default_device,
-    int8_node_code_max,
     require,
     with_cuda,
 )
@@ -46,8 +45,8 @@ def backend_name(config: RetrievalConfig) -> str:
 def prefilter_kind(config: RetrievalConfig, device: str = "cpu", dim: int | None = None) -> str | None:
     """The GEMM precision that prefilters the seeds ("bf16", "int8") or None for the float32 GEMM.
     auto, the fastest measured (benchmarks/RESULTS.md): bf16 on CUDA GPUs from Ampere on and on
-    CPUs with AMX, int8 on other x86 CPUs with VNNI whose int8 GEMM sums ``dim`` products exactly
-    (``capabilities.int8_node_code_max``), the float32 GEMM elsewhere (AVX2 alone included)."""
+    CPUs with AMX, int8 on other x86 CPUs (AVX2 and later) whose int8 GEMM sums ``dim`` products
+    exactly (``int8_gemm.node_code_max``), the float32 GEMM elsewhere."""
     name = backend_name(config)
     if config.prefilter == "int8" and name != "numpy":
         raise QCGError("--prefilter int8 runs on the numpy backend (CPU); the torch backend takes off or bf16")
@@ -59,7 +58,11 @@ def prefilter_kind(config: RetrievalConfig, device: str = "cpu", dim: int | None
         return None
     if cpu_has_amx():
         return "bf16"
-    return "int8" if cpu_has_vnni() and (dim is None or int8_node_code_max(dim) > 0) else None
+    if not cpu_has_avx2():
+        return None
+    from . import int8_gemm
+
+    return "int8" if dim is None or int8_gemm.node_code_max(int8_gemm.for_this_cpu(), dim) > 0 else None
 
 
 def make_backend(index: QCGIndex, config: RetrievalConfig, cluster=None) -> Backend:
