@@ -242,7 +242,7 @@ class Int8Prefilter(Prefilter):
         self.gemm_route = gemm or int8_gemm.for_this_cpu()
         nodes = index.node_embeddings
         self.output_dtype = self.key_dtype = self.gemm_route.output_dtype  # exact integer dot products as keys
-        self.spare = 1024  # its bound is ~2.5x bf16's, so ~2.5x as many candidates are within it
+        self.spare = 1024  # its bound is ~2.5x bf16's (~4x with 7-bit node codes), so more candidates are within it
         self.code_max = int8_gemm.node_code_max(self.gemm_route, nodes.shape[1])
         if not self.code_max:
             raise QCGError(f"this CPU's int8 GEMM ({self.gemm_route.name}) does not sum exactly; use --prefilter off")
