@@ -246,7 +246,8 @@ def cpu_has_vnni() -> bool:
 
 
 def cpu_has_avx2() -> bool:
-    """True on x86 CPUs with AVX2 (Haswell, AMD Zen on), whose int8 GEMM outruns float32."""
+    """True on x86 CPUs with AVX2 (Haswell, AMD Zen on), where an int8 GEMM can outrun float32 (by oneDNN's
+    matmul primitive 2.0-2.2x on an EPYC Zen 3, ``retrieval/int8_gemm.py``)."""
     return "avx2" in _cpuinfo()[1]
 
 

@@ -53,11 +53,16 @@ def main() -> None:
     index = QCGIndex(None, {}, nodes, *empty, np.arange(len(nodes)) // 16, (len(nodes) + 15) // 16)
     want = float64_seeds(nodes, queries)
     report: dict = {"int8_full_codes_exact": full_codes_exact(nodes.shape[1])}
-    for name, route in (("int8", int8_gemm.IntMm), ("int8_matmul", int8_gemm.QuantizedLinear), ("bf16", None)):
+    runs = [
+        ("int8", "int8", int8_gemm.IntMm),
+        ("int8_matmul", "int8", int8_gemm.QuantizedLinear),
+        ("bf16", "bf16", None),
+    ]
+    for name, prefilter, route in runs:
         if route is not None:
             report[f"{name}_node_code_max"] = int8_gemm.node_code_max(route(), nodes.shape[1])
             int8_gemm.for_this_cpu = route  # this process runs one route after the other
-        config = RetrievalConfig(gamma=GAMMA, n=N, hops=0, top_k=5, backend="numpy", prefilter=name[:4])
+        config = RetrievalConfig(gamma=GAMMA, n=N, hops=0, top_k=5, backend="numpy", prefilter=prefilter)
         result = Retriever(index, config).search(queries)
         got = [
             ([s for s in ids.tolist() if s >= 0], sims[: (ids >= 0).sum()].tolist())

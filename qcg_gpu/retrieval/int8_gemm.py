@@ -79,7 +79,7 @@ class QuantizedLinear:
 
 def for_this_cpu():
     """``torch._int_mm`` where the CPU has VNNI (measured fast there) or torch lacks oneDNN's quantised
-    linear layer; oneDNN's matmul primitive elsewhere (AVX2 alone: 70x ``torch._int_mm`` on an EPYC Zen 3)."""
+    linear layer; oneDNN's matmul primitive elsewhere (AVX2 alone: 40-70x ``torch._int_mm`` on an EPYC Zen 3)."""
     return IntMm() if cpu_has_vnni() or not QuantizedLinear.available() else QuantizedLinear()
 
 
