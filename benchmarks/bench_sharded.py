@@ -308,6 +308,12 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--hops", type=int, default=1)
     parser.add_argument(
+        "--prefilter",
+        default="off",
+        choices=("auto", "bf16", "int8", "off"),
+        help="the seed GEMM's precision, in the owners and in one process (off: float32, this table's history)",
+    )
+    parser.add_argument(
         "--root",
         type=Path,
         default=None,
@@ -325,7 +331,7 @@ def main() -> None:
 def run(args: argparse.Namespace, root: Path) -> None:
     from qcg_gpu.retrieval import QCGIndex, RetrievalConfig, Retriever
 
-    config = RetrievalConfig(hops=args.hops, prefilter="off")
+    config = RetrievalConfig(hops=args.hops, prefilter=args.prefilter)
     if args.knn_nodes:
         knn_rows(root, args.knn_nodes, args.dim, args.knn_shard_nodes, args.workers, args.k, args.knn_probes)
     if not any(args.nodes):
@@ -369,6 +375,7 @@ def run(args: argparse.Namespace, root: Path) -> None:
                 "queries": len(queries),
                 "queries_per_s": round(qps, 1),
                 "one_process_queries_per_s": round(one_qps, 1),
+                "prefilter": args.prefilter,
                 "ratio_to_one_process": round(qps / one_qps, 3),
                 "cpu": cpu_name(),
             }
