@@ -21,6 +21,7 @@ from . import int8_gemm
 from .bounds import (
     INT8_MAX,
     INT8_OUTPUT_ROUNDOFF,
+    NODE_BLOCK,
     bf16_rounding,
     bf16_roundoff,
     bound_from_norms,
@@ -147,7 +148,8 @@ class Prefilter:
     error bound (``bounds.py``) of the n best are rescored exactly; rows with too many near-ties are
     flagged. A subclass gives the precision: the nodes' copy, a query tile's copy with its bound, the GEMM."""
 
-    rows, cols = 512, 8192  # queries x nodes per GEMM (its rate per precision: benchmarks/bench_gemm.py, RESULTS.md)
+    # queries x nodes per GEMM (its rate per precision: benchmarks/bench_gemm.py, RESULTS.md)
+    rows, cols = 512, NODE_BLOCK
     spare = 256  # candidates kept per query beyond 4n before a row counts as near-ties (rescored over every node)
     nodes_low: Any  # the nodes in the GEMM's precision (a torch tensor)
     output_dtype: Any  # the GEMM's output dtype, and the dtype its bits are read as keys in
@@ -247,16 +249,14 @@ class Int8Prefilter(Prefilter):
         if not self.code_max:
             raise QCGError(f"this CPU's int8 GEMM ({self.gemm_route.name}) does not sum exactly; use --prefilter off")
         self.node_scale = int8_node_scale(nodes, self.code_max)
-        codes = torch.empty(nodes.shape, dtype=torch.int8)
-        norms, residuals = [0.0], [0.0]
-        for start, block in node_blocks(nodes, np.float32):
+        self.packed, norms, residuals = [], [0.0], [0.0]  # a block packed as it is rounded: no whole int8 copy
+        for _, block in node_blocks(nodes, np.float32):  # blocks of NODE_BLOCK = self.cols nodes, one GEMM each
             scale = np.full(len(block), self.node_scale)
             rounded, norm, _, residual = self.kernels.quantize_int8(block, scale, float(self.code_max))
-            codes[start : start + len(block)] = torch.from_numpy(rounded)
+            self.packed.append(self.gemm_route.pack(torch.from_numpy(rounded)))
             norms.append(norm.max())
             residuals.append(residual.max())
         self.node_norm, self.node_residual = max(norms), max(residuals)  # the node side of the bound
-        self.packed = [self.gemm_route.pack(codes[c : c + self.cols]) for c in range(0, len(nodes), self.cols)]
 
     def round_tile(self, tile: np.ndarray):
         scale = int8_row_scales(tile)
