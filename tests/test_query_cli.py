@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from qcg_gpu.answer import build_context
-from qcg_gpu.cli.query_io import read_queries
+from qcg_gpu.cli.query_io import load_query_embeddings, read_queries
 from qcg_gpu.errors import QCGError
 from qcg_gpu.index_format import data_dir, load_table
 from qcg_gpu.indexing.chunking import load_tokenizer
@@ -251,6 +251,29 @@ def test_a_json_queries_file_is_read_as_json(small_index, tmp_path, cli):
     (tmp_path / "bad.json").write_text('{"1": {"answer": "no question"}}')
     result = cli("query", small_index, "--queries", tmp_path / "bad.json")
     assert result.returncode == 2 and "query 1: needs a non-empty 'query'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "array, refusal",
+    [
+        (np.array(["a", "b"]), "must be real numbers, .* holds <U1"),
+        (np.ones((2, 384), np.complex64), "must be real numbers, .* holds complex64"),
+        (np.ones((2, 384), bool), "must be real numbers, .* holds bool"),
+    ],
+)
+def test_query_embeddings_that_are_not_real_numbers_are_refused(tmp_path, array, refusal):
+    """A string array raised numpy's ValueError; complex and bool arrays were cast and searched."""
+    np.save(tmp_path / "q.npy", array)
+    with pytest.raises(QCGError, match=refusal):
+        load_query_embeddings(tmp_path / "q.npy")
+
+
+def test_an_npz_archive_of_query_embeddings_is_refused_in_one_line(small_index, tmp_path, cli):
+    """np.load reads it as an archive, which had no .size: a traceback."""
+    np.savez(tmp_path / "q.npz", queries=np.ones((2, 384), np.float32))
+    result = cli("query", small_index, "--embeddings", tmp_path / "q.npz")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "q.npz is an .npz archive, not one array; save the (B, d) embeddings with np.save" in result.stderr
 
 
 def test_an_empty_embeddings_array_is_refused_like_an_empty_queries_file(small_index, tmp_path, cli):

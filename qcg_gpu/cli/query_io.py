@@ -104,6 +104,10 @@ def load_query_embeddings(path: str | Path) -> np.ndarray:
         embeddings = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise QCGError(f"cannot read query embeddings {path}: {exc}") from exc
+    if not isinstance(embeddings, np.ndarray):  # np.load reads an .npz archive too
+        raise QCGError(f"{path} is an .npz archive, not one array; save the (B, d) embeddings with np.save")
+    if embeddings.dtype.kind not in "fiu":
+        raise QCGError(f"query embeddings must be real numbers, {path} holds {embeddings.dtype}")
     if embeddings.size == 0:  # as an empty queries file: no query is an error, not an empty output
         raise QCGError(f"no queries in {path} (an array of shape {embeddings.shape})")
     return embeddings
