@@ -223,6 +223,26 @@ def test_dry_run_forecast_counts_what_the_build_spends(tmp_path, vllm_backend, e
     assert more.output_tokens == round(summary.output_tokens / summary.chunks * 2)  # the cached replies' mean
 
 
+def test_a_forecast_from_a_smaller_run_says_its_rate_is_likely_too_slow(tmp_path):
+    """A run of 1 chunk (one request in flight) measured 12.6 tok/s, and the plan of 300 short chunks said
+    3.2 h as if they would run one at a time. The forecast names the run's size and says so; a run with at
+    least as many chunks as the build keeps in flight is taken as it is."""
+    from qcg_gpu.indexing.forecast import forecast
+    from qcg_gpu.indexing.throughput import record_throughput
+    from qcg_gpu.llm.backends import llm_name
+
+    docs, config = sample_docs(tmp_path / "docs", 3), _config(tmp_path)
+    model = llm_name(config.generation)
+    record_throughput(config.generation, model, chunks=1, output_tokens=98, seconds=7.78)
+    plan = forecast(docs, config)
+    assert plan.chunks > 1 and plan.tokens_per_s == 12.6
+    assert f"in a run of 1 chunk; this build keeps up to {plan.chunks} requests in flight" in plan.rate_source
+    assert "likely an overestimate" in plan.format() and "measured run of 1 chunk on" in plan.output_source
+    record_throughput(config.generation, model, chunks=plan.chunks, output_tokens=9000, seconds=50.0)
+    plan = forecast(docs, config)
+    assert plan.tokens_per_s == 180.0 and plan.rate_source.endswith(f"in a run of {plan.chunks} chunks")
+
+
 def _sample_split(tmp_path, n_old: int):
     """The whole bundled LiHuaWorld sample (27 chat logs), its first ``n_old`` in one directory and
     the rest in another (doc ids keep their week folder)."""
