@@ -33,7 +33,7 @@ def rate(dtype: str, repeat: int = 3) -> float:
     gen = torch.Generator().manual_seed(0)
     if dtype.startswith("int8"):
         gemm = int8_gemm.QuantizedLinear() if dtype == "int8_matmul" else int8_gemm.IntMm()
-        codes = 63 if dtype == "int8_matmul" else 127  # the node codes the prefilter gives each route here
+        codes = int8_gemm.node_code_max(gemm, DIM)  # the node codes the prefilter gives this route here
         q = gemm.tile(torch.randint(-127, 128, (ROWS, DIM), dtype=torch.int8, generator=gen))
         x = torch.randint(-codes, codes + 1, (NODES, DIM), dtype=torch.int8, generator=gen)
         out = torch.empty((ROWS, COLS), dtype=gemm.output_dtype)

@@ -156,9 +156,7 @@ def answering_llm(args, cluster=None, model: str | None = None, store=None):
     if "answer_llm" not in from_file and set(from_file.get("generation", {})) & {f.name for f in ANSWERING_FIELDS}:
         logger.warning("the config file's [generation] table is the build's: the answering LLM reads [answer_llm]")
     generation.model = model or generation.model
-    if generation.backend == "openai" and (not generation.base_url or not generation.model):
-        raise QCGError("--backend openai needs --base-url and --model")
-    generation.validate()  # the server's URL, retries and timeout, checked before any query is embedded
+    generation.validate()  # a server's URL and model, retries and timeout, checked before any query is embedded
 
     def load():
         if cluster is None:
