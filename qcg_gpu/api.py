@@ -14,6 +14,7 @@ a config file's tables, then a preset or a stored generation's settings, then th
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import cast
@@ -72,13 +73,16 @@ class QCGRag:
         from .eval.datasets import check_query_texts
         from .retrieval import check_queries, search
 
-        if isinstance(questions, str) or not all(isinstance(q, str) and q.strip() for q in questions):
+        if isinstance(questions, str) or not isinstance(questions, Iterable):
+            raise QCGError(f"questions must be a list of non-empty strings, got {type(questions).__name__}")
+        questions = list(questions)
+        if not all(isinstance(q, str) and q.strip() for q in questions):
             raise QCGError("questions must be a list of non-empty strings")
         if not questions:
             return []
-        check_query_texts([str(i) for i in range(len(questions))], list(questions), "questions")
+        check_query_texts([str(i) for i in range(len(questions))], questions, "questions")
         config = self.retrieval if top_k is None else replace(self.retrieval, top_k=top_k).validate()
-        vectors = check_queries(self.embedder.encode(list(questions), "questions"), self.index.dim)
+        vectors = check_queries(self.embedder.encode(questions, "questions"), self.index.dim)
         result = search(self.index, vectors, config, self.method, self.embedder)
         doc_ids, texts = self.index.chunks.column("doc_id").to_pylist(), self.index.chunk_texts()
         solutions = []

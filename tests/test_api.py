@@ -38,12 +38,15 @@ def test_retrieve_ranks_like_search(small_index, vllm_backend, embedder, method)
         assert solution.texts == [chunks[c]["text"] for c in solution.chunk_ids]
         assert np.allclose(solution.scores, scores[: len(solution.chunk_ids)])
     assert rag.retrieve([]) == []
-    for bad in ("one string", ["ok", "  "], [3]):
+    for bad in ("one string", ["ok", "  "], [3], None, 3):  # None and 3 raised Python's TypeError
         with pytest.raises(QCGError, match="non-empty strings"):
             rag.retrieve(bad)
-    # top_k=0 was replaced by the config's 5, silently
+    assert [s.chunk_ids for s in rag.retrieve(tuple(QUESTIONS), top_k=np.int64(3))] == [s.chunk_ids for s in solutions]
+    # top_k=0 was replaced by the config's 5, silently; "3" raised TypeError
     with pytest.raises(QCGError, match=re.escape("--top-k (top_k) must be >= 1, got 0")):
         rag.retrieve(QUESTIONS, top_k=0)
+    with pytest.raises(QCGError, match=re.escape("--top-k (top_k) must be int, got '3'")):
+        rag.retrieve(QUESTIONS, top_k="3")
     with pytest.raises(QCGError, match="questions: query 2 holds a lone surrogate"):  # the tokenizer crashed
         rag.retrieve(["Who is Adam?", "caf\udce9"])
 

@@ -4,6 +4,7 @@ become one-line messages (no model is loaded here)."""
 import json
 import re
 
+import numpy as np
 import pytest
 
 from qcg_gpu.capabilities import MissingDependency
@@ -197,6 +198,34 @@ def test_every_section_refuses_a_value_outside_its_choices():
     assert checked >= 10
     with pytest.raises(QCGError, match=re.escape("--knn (knn) must be one of exact, approximate, got 'approx'")):
         build_index("no-docs", "no-index", IndexConfig(graph=GraphConfig(knn="approx")))
+
+
+def test_every_section_refuses_a_value_of_another_type():
+    """Through validate(), which the Python API calls: top_k="3" raised Python's TypeError and hops=1.5
+    was searched as it stood. numpy's numbers are taken as Python's (settings are written as JSON)."""
+    import dataclasses
+
+    from qcg_gpu.config import CONFIG_SECTIONS, AnsweringLLMConfig, RetrievalConfig
+
+    checked = 0
+    for section in CONFIG_SECTIONS.values():
+        for f in dataclasses.fields(section):
+            with pytest.raises(QCGError, match=re.escape(f"({f.name}) must be {f.type}, got [1]")):
+                section(**{f.name: [1]}).validate()  # a list fits no setting
+            checked += 1
+    assert checked >= 60
+    for bad, message in (
+        (dict(top_k="3"), "--top-k (top_k) must be int, got '3'"),
+        (dict(hops=1.5), "--hops (hops) must be int, got 1.5"),
+        (dict(n=True), "--n (n) must be int, got True"),
+        (dict(gamma="1.5"), "--gamma (gamma) must be float, got '1.5'"),
+    ):
+        with pytest.raises(QCGError, match=re.escape(message)):
+            RetrievalConfig(**bad).validate()
+    config = RetrievalConfig(top_k=np.int64(3), gamma=np.float32(1.25), n=7).validate()
+    assert (config.top_k, config.gamma, config.n) == (3, 1.25, 7)
+    assert type(config.top_k) is int and type(config.gamma) is float
+    assert type(AnsweringLLMConfig(max_num_seqs=np.int32(4)).validate().max_num_seqs) is int
 
 
 def test_a_preset_overrides_the_config_file_and_options_given_override_both(tmp_path):

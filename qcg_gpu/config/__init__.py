@@ -38,7 +38,7 @@ from .index import (
 from .layers import CONFIG_SECTIONS, layered
 from .ray import RayConfig
 from .retrieval import PRESETS, RetrievalConfig
-from .utils import check_choices, option, prompt_text, result_fields
+from .utils import check_fields, option, prompt_text, result_fields
 
 __all__ = [
     "ABLATIONS",
@@ -70,7 +70,7 @@ __all__ = [
     "ReplyStoreConfig",
     "RetrievalConfig",
     "VLLMEngineConfig",
-    "check_choices",
+    "check_fields",
     "layered",
     "option",
     "prompt_text",

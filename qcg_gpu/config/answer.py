@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .utils import check_at_least, option, prompt_text
+from .utils import check_at_least, check_fields, option, prompt_text
 
 
 @dataclass
@@ -21,6 +21,7 @@ class AnswerConfig:
     )
 
     def validate(self) -> AnswerConfig:
+        check_fields(self)
         check_at_least(self, 1, "max_context_tokens", "max_answer_tokens")
         check_at_least(self, 0, "answer_temperature")
         if self.answer_prompt_file:

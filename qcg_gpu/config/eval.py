@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import QCGError
-from .utils import check_at_least, check_output_file, comma_names, option
+from .utils import check_at_least, check_fields, check_output_file, comma_names, option
 
 BASELINES = ("naive", "d2q", "d2q-minus")  # naive RAG over chunk embeddings (METHOD.md, "Baselines")
 ABLATIONS = ("qcg-qa", "qcg-q", "qcg-a", "qcg-sentence")  # QCG with other node texts (the paper's ablation)
@@ -71,6 +71,7 @@ class EvalConfig:
     )
 
     def validate(self) -> EvalConfig:
+        check_fields(self)
         self.method_list(), self.sweep_list()
         chosen = self.baseline != EvalConfig.baseline  # the default compares nothing when naive is not run
         if chosen and self.baseline.partition("@")[0] not in self.method_list():

@@ -16,6 +16,7 @@ import os
 
 from ..errors import QCGError
 from .layers import CONFIG_SECTIONS
+from .utils import annotated_value
 
 
 def read_config_file(path: str | os.PathLike) -> dict[str, dict]:
@@ -51,8 +52,10 @@ def read_config_file(path: str | os.PathLike) -> dict[str, dict]:
         for key, value in values.items():
             if key not in fields:
                 raise QCGError(f"config file {path}: unknown option {name}.{key}")
-            if not _fits(value, str(fields[key].type)):
-                raise QCGError(f"config file {path}: {name}.{key} = {value!r}, expected {fields[key].type}")
+            try:
+                annotated_value(value, str(fields[key].type))
+            except ValueError:
+                raise QCGError(f"config file {path}: {name}.{key} = {value!r}, expected {fields[key].type}") from None
             choices = fields[key].metadata.get("choices")
             if choices and value not in choices:
                 raise QCGError(f"config file {path}: {name}.{key} = {value!r}, choose from {', '.join(choices)}")
@@ -66,20 +69,6 @@ def _toml():
     except ImportError:
         import tomli as tomllib
     return tomllib
-
-
-def _fits(value, annotation: str) -> bool:
-    """Whether a value read from a file fits a field annotated ``annotation`` (e.g. "int | None")."""
-    names = {part.strip() for part in annotation.split("|")}
-    if value is None:  # YAML's null (TOML has none): what an optional field's default means
-        return "None" in names
-    if isinstance(value, bool):
-        return "bool" in names
-    if isinstance(value, int):
-        return bool(names & {"int", "float"})
-    if isinstance(value, float):
-        return "float" in names
-    return isinstance(value, str) and "str" in names
 
 
 def config_file_text() -> str:

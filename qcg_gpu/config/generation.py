@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..errors import QCGError
 from ..models import packaged_llm
-from .utils import check_at_least, check_choices, check_output_file, option, prompt_text, setting_name
+from .utils import check_at_least, check_fields, check_output_file, option, prompt_text, setting_name
 
 
 @dataclass
@@ -270,8 +270,8 @@ class GenerationConfig(ReplyStoreConfig, OpenAIClientConfig, VLLMEngineConfig, D
         return self
 
     def validate(self) -> GenerationConfig:
+        check_fields(self)
         self.settle()
-        check_choices(self)
         for concern in GENERATION_CONCERNS:
             own_checks = vars(concern).get("validate")  # LLMConfig has none: its checks involve other concerns
             if own_checks:
@@ -302,6 +302,7 @@ class AnsweringLLMConfig(OpenAIClientConfig, VLLMEngineConfig, LLMConfig):
         return GenerationConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
 
     def validate(self) -> AnsweringLLMConfig:
+        check_fields(self)
         self.as_generation().validate()  # the same fields, checked as the build's are
         return self
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ..errors import QCGError
 from .generation import GenerationConfig
-from .utils import check_at_least, check_choices, option, result_fields, setting_name
+from .utils import check_at_least, check_fields, option, result_fields, setting_name
 
 NODE_MODES = ("qa", "q", "a", "sentence")
 
@@ -33,6 +33,7 @@ class ChunkingConfig:
     )
 
     def validate(self) -> ChunkingConfig:
+        check_fields(self)
         check_at_least(self, 1, "chunk_tokens")
         if not 0 <= self.chunk_overlap < self.chunk_tokens:
             raise QCGError(
@@ -71,7 +72,7 @@ class NodeConfig:
     embedding_dtype: str = option("float32", "dtype of node_embeddings.npy.", ("float32", "float16"))
 
     def validate(self) -> NodeConfig:
-        check_choices(self)
+        check_fields(self)
         if not 0 < self.alpha <= 1:
             raise QCGError(f"{setting_name(self, 'alpha')} must be in (0, 1], got {self.alpha}")
         check_at_least(self, 1, "embed_batch_size")
@@ -108,7 +109,7 @@ class GraphConfig:
     )
 
     def validate(self) -> GraphConfig:
-        check_choices(self)
+        check_fields(self)
         check_at_least(self, 1, "knn_k", "knn_probes", "shard_nodes")
         return self
 

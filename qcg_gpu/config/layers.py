@@ -11,7 +11,7 @@ from .generation import AnsweringLLMConfig, GenerationConfig
 from .index import ChunkingConfig, GraphConfig, NodeConfig
 from .ray import RayConfig
 from .retrieval import RetrievalConfig
-from .utils import check_choices
+from .utils import check_fields
 
 # --- the order of settings ------------------------------------------------------------------
 # A config file (files.py) has a table per section, named here.
@@ -47,5 +47,5 @@ def layered(section, from_file: dict | None = None, over: dict | None = None, gi
                 raise QCGError(f"unknown {type(section).__name__} setting {key!r}")
             if value is not None or layer is not given:
                 setattr(section, key, value)
-    check_choices(section)
+    check_fields(section)
     return section

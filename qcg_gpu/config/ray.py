@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import QCGError
-from .utils import check_at_least, check_choices, option
+from .utils import check_at_least, check_fields, option
 
 
 @dataclass
@@ -53,7 +53,7 @@ class RayConfig:
     )
 
     def validate(self) -> RayConfig:
-        check_choices(self)
+        check_fields(self)
         check_at_least(self, 1, "ray_workers", "ray_shard_chunks")
         defaults = RayConfig()
         if not self.ray and any(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import QCGError
-from .utils import check_at_least, check_choices, option, setting_name
+from .utils import check_at_least, check_fields, option, setting_name
 
 PRESETS = {  # the paper's per-dataset retrieval settings (k, the kNN degree, is fixed when the index is built)
     "lihuaworld": {"gamma": 1.5, "n": 10, "hops": 1, "top_k": 5},
@@ -43,7 +43,7 @@ class RetrievalConfig:
     )
 
     def validate(self) -> RetrievalConfig:
-        check_choices(self)
+        check_fields(self)
         if not 0.0 <= self.gamma <= 2.0:
             raise QCGError(f"{setting_name(self, 'gamma')} must be in [0, 2], got {self.gamma}")
         check_at_least(self, 1, "n", "top_k")

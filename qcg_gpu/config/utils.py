@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 from dataclasses import field
 from pathlib import Path
@@ -35,14 +36,35 @@ def check_at_least(section, low, *names: str) -> None:
             raise QCGError(f"{setting_name(section, name)} must be >= {low}, got {value}")
 
 
-def check_choices(section) -> None:
-    """QCGError when a field with choices holds another value (e.g. from a config file or an API call)."""
+def check_fields(section) -> None:
+    """QCGError when a field holds a value its annotation does not allow (``top_k="3"`` or ``hops=1.5``
+    from an API call) or one outside its choices; numpy numbers become Python ones (settings go into JSON)."""
     for f in dataclasses.fields(section):
-        if f.metadata.get("choices") and getattr(section, f.name) not in f.metadata["choices"]:
+        value = getattr(section, f.name)
+        try:
+            setattr(section, f.name, annotated_value(value, str(f.type)))
+        except ValueError:
+            raise QCGError(f"{setting_name(section, f.name)} must be {f.type}, got {value!r}") from None
+        if f.metadata.get("choices") and value not in f.metadata["choices"]:
             raise QCGError(
-                f"{setting_name(section, f.name)} must be one of {', '.join(f.metadata['choices'])}, "
-                f"got {getattr(section, f.name)!r}"
+                f"{setting_name(section, f.name)} must be one of {', '.join(f.metadata['choices'])}, got {value!r}"
             )
+
+
+def annotated_value(value, annotation: str):
+    """``value`` as a field annotated ``annotation`` (e.g. "int | None") holds it, numpy's integers and floats
+    as Python's (a Python int stays an int in a float field); ValueError when it does not fit."""
+    kinds = {part.strip() for part in annotation.split("|")}
+    if value is None and "None" in kinds or isinstance(value, str) and "str" in kinds:
+        return value
+    if isinstance(value, bool):  # before int: bool is an int to Python, never a count here
+        if "bool" in kinds:
+            return value
+    elif isinstance(value, numbers.Integral) and kinds & {"int", "float"}:
+        return value if type(value) is int else int(value)
+    elif isinstance(value, numbers.Real) and "float" in kinds:
+        return value if isinstance(value, float) else float(value)
+    raise ValueError(f"{value!r} is not {annotation}")
 
 
 def result_fields(section) -> list[str]:
