@@ -177,10 +177,44 @@ def test_multihop_rag_fixture(tmp_path):
     assert len(evalset.problems) == 1 and "not in the corpus" in evalset.problems[0]
     # the corpus as qcg index reads it: evidence names its doc ids
     out = tmp_path / "corpus.jsonl"
-    assert write_multihop_corpus(root, out) == 3
+    assert write_multihop_corpus(root, out) == (3, [])
     docs = {doc.doc_id: "".join(doc.pieces()) for doc in read_documents(out, SkipLog())}
     assert set(first.evidence + second.evidence) <= set(docs)
     assert docs["https://example.com/chips"].startswith("Chipmaker beats forecasts\nTechWire 2023-10-02")
+
+
+def test_corpus_articles_that_cannot_be_documents_are_left_out_by_name(tmp_path, cli):
+    """Were a TypeError traceback (a number as title, a list as body), silent skips (not an object, no url
+    or title), or written as they stood (no body: the title alone; a repeated url: two documents of one id)."""
+    articles = [
+        {"title": "Kept", "body": "A body.", "url": "u1"},
+        3,
+        {"title": "No body"},
+        {"url": "u1", "body": "The same url again."},
+        {"title": 5, "body": "x"},
+        {"title": "t", "body": ["x"]},
+        {"url": " ", "body": "b"},
+        {"title": "Kept too", "body": "Another body."},
+    ]
+    (tmp_path / "corpus.json").write_text(json.dumps(articles))
+    out = tmp_path / "corpus.jsonl"
+    written, skipped = write_multihop_corpus(tmp_path / "corpus.json", out)
+    assert written == 2 and [doc.doc_id for doc in read_documents(out, SkipLog())] == ["u1", "Kept too"]
+    assert skipped == [
+        "article 1: not an object (int)",
+        "article 2: no body",
+        "article 3: repeats the url or title 'u1' (the first is kept)",
+        "article 4: its title is not a string",
+        "article 5: its body is not a string",
+        "article 6: no url or title",
+    ]
+    result = cli("corpus", "--dataset", "multihop-rag", "--data", tmp_path, "--out", out)
+    assert result.returncode == 0 and "left out 6 articles: article 1: not an object (int); article 2" in result.stderr
+    for nothing, message in (([], "(an empty list)"), ([3, {"title": "t"}], "(2 left out, the first: article 0")):
+        (tmp_path / "corpus.json").write_text(json.dumps(nothing))
+        result = cli("corpus", "--dataset", "multihop-rag", "--data", tmp_path, "--out", out)
+        assert result.returncode == 2 and "no article to write " + message in result.stderr
+        assert [doc.doc_id for doc in read_documents(out, SkipLog())] == ["u1", "Kept too"]  # left as it was
 
 
 def test_limit_per_type_takes_the_first_of_each_type(tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 
 def add_parser(commands) -> None:
     corpus = commands.add_parser(
@@ -25,5 +27,9 @@ def run(args) -> int:
     from ..eval.datasets import write_multihop_corpus
 
     check_output_file(args.out)
-    print(f"wrote {write_multihop_corpus(args.data, args.out)} articles to {args.out}")
+    written, skipped = write_multihop_corpus(args.data, args.out)
+    print(f"wrote {written} articles to {args.out}")
+    if skipped:
+        more = f"; {len(skipped) - 5} more" if len(skipped) > 5 else ""
+        print(f"left out {len(skipped)} articles: {'; '.join(skipped[:5])}{more}", file=sys.stderr)
     return 0

@@ -22,6 +22,7 @@ reported in ``EvalSet.problems``; nothing is dropped silently.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -195,25 +196,47 @@ def load_multihop_rag(path: Path) -> EvalSet:
     return EvalSet("multihop-rag", questions, problems)
 
 
-def write_multihop_corpus(path: str | Path, out: str | Path) -> int:
-    """corpus.json -> a JSONL file ``qcg index`` reads ({doc_id, text}); returns the article count."""
+def write_multihop_corpus(path: str | Path, out: str | Path) -> tuple[int, list[str]]:
+    """corpus.json -> a JSONL file ``qcg index`` reads ({doc_id, text}), written whole or not at all;
+    returns the article count and a line per article left out (no url or title, no body, a repeated id)."""
     path = Path(path)
     corpus = _read_json(path if path.is_file() else path / "corpus.json")
     if not isinstance(corpus, list):
         raise QCGError(f"{path}: corpus.json must hold a JSON list of articles")
-    written = 0
-    with open(out, "w", encoding="utf-8") as fh:
-        for article in corpus:
-            if not isinstance(article, dict) or not multihop_doc_id(article):
-                continue
-            header = [
-                article.get("title", ""),
-                f"{article.get('source', '')} {article.get('published_at', '')}".strip(),
-            ]
-            text = "\n".join([h for h in header if h] + [article.get("body") or ""])
-            fh.write(json.dumps({"doc_id": multihop_doc_id(article), "text": text}, ensure_ascii=False) + "\n")
-            written += 1
-    return written
+    lines, skipped, seen = [], [], set()
+    for i, article in enumerate(corpus):
+        problem = _article_problem(article)
+        doc_id = multihop_doc_id(article) if not problem else ""
+        if not problem and doc_id in seen:
+            problem = f"repeats the url or title {doc_id!r} (the first is kept)"
+        if problem:
+            skipped.append(f"article {i}: {problem}")
+            continue
+        seen.add(doc_id)
+        header = [article.get("title"), f"{article.get('source') or ''} {article.get('published_at') or ''}".strip()]
+        text = "\n".join([str(h) for h in header if h] + [article["body"]])
+        lines.append(json.dumps({"doc_id": doc_id, "text": text}, ensure_ascii=False) + "\n")
+    if not lines:
+        left_out = f" ({len(skipped)} left out, the first: {skipped[0]})" if skipped else " (an empty list)"
+        raise QCGError(f"{path}: no article to write{left_out}")
+    partial = Path(f"{out}.partial")
+    partial.write_text("".join(lines), encoding="utf-8")
+    os.replace(partial, out)  # an existing file is replaced whole, never left half written
+    return len(lines), skipped
+
+
+def _article_problem(article) -> str | None:
+    """Why a corpus.json entry cannot be a document, or None."""
+    if not isinstance(article, dict):
+        return f"not an object ({type(article).__name__})"
+    for key in ("url", "title", "body", "source", "published_at"):
+        if article.get(key) is not None and not isinstance(article[key], str):
+            return f"its {key} is not a string"
+    if not multihop_doc_id(article).strip():
+        return "no url or title"
+    if not (article.get("body") or "").strip():
+        return "no body"
+    return None
 
 
 # --- generic JSONL ----------------------------------------------------------------------
