@@ -383,3 +383,47 @@ def test_hipporag_questions_with_nothing_to_score_are_refused(tmp_path, samples,
     (tmp_path / "musique.json").write_text(json.dumps(samples))
     with pytest.raises(QCGError, match=message):
         load_dataset("hipporag", tmp_path)
+
+
+MALFORMED_HIPPORAG = [  # each was a traceback (TypeError, ValueError, AttributeError, KeyError)
+    {"supporting_facts": 3},
+    {"context": ["Hot"]},
+    {"context": [["Hot", 5]]},
+    {"answer_aliases": 5},
+    {"supporting_facts": None, "context": None, "paragraphs": "x"},
+    {"supporting_facts": None, "context": None, "paragraphs": [{"text": "One.Two."}]},
+    {"supporting_facts": None, "context": None, "paragraphs": [3]},
+]
+
+
+def test_malformed_records_are_skipped_by_name_and_the_rest_scored(tmp_path):
+    """A record whose fields have another shape than the dataset's is reported and skipped; the
+    well-formed ones around it are loaded as before."""
+    good = {
+        "question": "Hot?",
+        "answer": "yes",
+        "supporting_facts": [["Hot", 0]],
+        "context": [["Hot", ["One.", "Two."]]],
+    }
+    samples = [{k: v for k, v in {**good, **bad}.items() if v is not None} for bad in MALFORMED_HIPPORAG]
+    (tmp_path / "musique_corpus.json").write_text(json.dumps([{"title": "Hot", "text": "One.Two."}]))
+    (tmp_path / "musique.json").write_text(json.dumps([*samples, good]))
+    evalset = load_dataset("hipporag", tmp_path)
+    assert [q.evidence for q in evalset.questions] == [["Hot"]]
+    assert [p.split(": its")[0] for p in evalset.problems] == [f"musique.json[{i}]" for i in range(len(samples))]
+    assert all("malformed" in p and p.endswith("skipped") for p in evalset.problems)
+
+    root = tmp_path / "multihop"
+    root.mkdir()
+    articles = [{"title": "T", "body": "B", "url": "u"}, {"title": ["x"], "url": {"a": 1}, "body": "B"}]
+    records = [
+        {"query": "q0", "evidence_list": "abc"},
+        {"query": "q1", "evidence_list": [3]},
+        {"query": "q2", "evidence_list": [{"url": ["u"], "title": "T"}]},  # the title still finds it
+        {"query": "q3", "evidence_list": [{"url": "u"}]},
+    ]
+    (root / "corpus.json").write_text(json.dumps(articles))
+    (root / "MultiHopRAG.json").write_text(json.dumps(records))
+    evalset = load_dataset("multihop-rag", root)
+    assert [(q.question, q.evidence) for q in evalset.questions] == [("q2", ["u"]), ("q3", ["u"])]
+    assert evalset.problems == [f"question {i}: evidence_list is not a list of objects; skipped" for i in (0, 1)]

@@ -175,17 +175,22 @@ def load_multihop_rag(path: Path) -> EvalSet:
     records = _read_json(path if path.is_file() else root / "MultiHopRAG.json")
     if not isinstance(corpus, list) or not isinstance(records, list):
         raise QCGError(f"{root}: corpus.json and MultiHopRAG.json must each hold a JSON list")
-    by_url = {a.get("url"): multihop_doc_id(a) for a in corpus if isinstance(a, dict) and a.get("url")}
-    by_title = {a.get("title"): multihop_doc_id(a) for a in corpus if isinstance(a, dict) and a.get("title")}
+    articles = [a for a in corpus if _article_problem(a) is None]  # those qcg corpus writes
+    by_url = {a["url"]: multihop_doc_id(a) for a in articles if a.get("url")}
+    by_title = {a["title"]: multihop_doc_id(a) for a in articles if a.get("title")}
     problems, questions = [], []
     for i, record in enumerate(records):
         if not isinstance(record, dict) or not isinstance(record.get("query"), str) or not record["query"].strip():
             problems.append(f"question {i}: no query string; skipped")
             continue
+        evidence = record.get("evidence_list") or []
+        if not isinstance(evidence, list) or not all(isinstance(item, dict) for item in evidence):
+            problems.append(f"question {i}: evidence_list is not a list of objects; skipped")
+            continue
         qtype = str(record.get("question_type", "")).removesuffix("_query").lower() or "unknown"
         doc_ids = []
-        for item in record.get("evidence_list") or []:
-            doc_id = by_url.get(item.get("url")) or by_title.get(item.get("title"))
+        for item in evidence:
+            doc_id = by_url.get(_text_or_none(item.get("url"))) or by_title.get(_text_or_none(item.get("title")))
             if doc_id is None:
                 problems.append(f"question {i}: evidence {item.get('title')!r} is not in corpus.json; ignored")
             elif doc_id not in doc_ids:
@@ -194,6 +199,11 @@ def load_multihop_rag(path: Path) -> EvalSet:
             Question(str(i), record["query"].strip(), str(record.get("answer", "")).strip(), doc_ids, qtype)
         )
     return EvalSet("multihop-rag", questions, problems)
+
+
+def _text_or_none(value) -> str | None:
+    """A record's field where it is a string (JSON may hold a list or an object there), else None."""
+    return value if isinstance(value, str) else None
 
 
 def write_multihop_corpus(path: str | Path, out: str | Path) -> tuple[int, list[str]]:
@@ -356,12 +366,16 @@ def load_hipporag(path: Path) -> EvalSet:
         if not isinstance(sample, dict) or not isinstance(sample.get("question"), str):
             problems.append(f"{where}: no question string; skipped")
             continue
-        answers = _gold_answers(sample)
+        try:
+            answers, supporting = _gold_answers(sample), _supporting_passages(sample)
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:  # a field of another shape
+            problems.append(f"{where}: its answers or supporting passages are malformed ({type(exc).__name__}: {exc}); skipped")
+            continue
         if not answers:
             problems.append(f"{where}: no gold answer; skipped")
             continue
         evidence = []
-        for spellings in _supporting_passages(sample):
+        for spellings in supporting:
             doc_id = next((by_passage[p] for p in spellings if p in by_passage), None)
             if doc_id is None:
                 title = spellings[0].split("\n", 1)[0]
