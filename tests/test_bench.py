@@ -87,6 +87,10 @@ def test_qcg_bench_prints_tables_and_writes_json(tmp_path, capsys):
         (["--parts", "retrieval,speed"], "unknown bench part(s) ['speed']"),
         (["--parts", "doc2query"], "the doc2query part needs --docs"),
         (["--nodes", "10k"], "--nodes takes comma-separated integers"),
+        (["--batch", "0"], "--nodes and --batch must be positive"),
+        (["--texts", "0"], "--texts (texts) must be >= 1, got 0"),  # measured 0 texts and printed the row
+        (["--limit", "0"], "--limit (limit) must be >= 1, got 0"),
+        (["--repeat", "0"], "--repeat (repeat) must be >= 1, got 0"),
     ],
 )
 def test_bad_bench_options_are_refused_in_one_line(argv, message, capsys):

@@ -32,6 +32,7 @@ import numpy as np
 
 from ..capabilities import cpu_kind, read_only_tensor, require
 from ..config import GraphConfig, IndexConfig, RetrievalConfig, option
+from ..config.utils import check_at_least
 from ..errors import QCGError
 from ..indexing.knn import exact_rows, knn_graph
 from ..indexing.ranking import degree
@@ -64,8 +65,9 @@ class BenchConfig:
             raise QCGError(f"unknown bench part(s) {sorted(unknown)} (choose from {', '.join(PARTS)})")
         if "doc2query" in self.part_list() and not self.docs:
             raise QCGError("the doc2query part needs --docs (a directory of .txt files, JSONL or Parquet)")
-        if min(self.sizes("nodes") + self.sizes("batch")) < 1 or self.repeat < 1:
-            raise QCGError("--nodes, --batch and --repeat must be positive")
+        if min(self.sizes("nodes") + self.sizes("batch")) < 1:
+            raise QCGError("--nodes and --batch must be positive")
+        check_at_least(self, 1, "texts", "limit", "repeat")  # --texts 0 printed a rate of 0 texts
         return self
 
     def part_list(self) -> list[str]:
