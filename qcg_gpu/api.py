@@ -62,6 +62,9 @@ class QCGRag:
 
         if method not in METHODS:
             raise QCGError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
+        _check_type("retrieval", retrieval, RetrievalConfig)
+        _check_type("answer", answer, AnswerConfig)
+        _check_type("llm", llm, LLMBackend, AnsweringLLMConfig, GenerationConfig)
         self.index = QCGIndex.load(index)
         self.retrieval = (retrieval or RetrievalConfig()).validate()
         self.method, self.answer_config = method, (answer or AnswerConfig()).validate()
@@ -154,6 +157,13 @@ class QCGRag:
             config = self._llm or AnsweringLLMConfig()
             self._llm = make_backend(config.as_generation() if isinstance(config, AnsweringLLMConfig) else config)
         return self._llm
+
+
+def _check_type(name: str, value, *kinds: type) -> None:
+    """QCGError for an argument of another type (a model name given as ``llm``, a dict as ``retrieval``):
+    it failed later with an AttributeError."""
+    if value is not None and not isinstance(value, kinds):
+        raise QCGError(f"{name} must be {' or '.join(k.__name__ for k in kinds)} (or None), got {value!r}")
 
 
 def index_settings(config_file=None, replies_in=None, **given: dict) -> IndexConfig:

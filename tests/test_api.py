@@ -51,6 +51,20 @@ def test_retrieve_ranks_like_search(small_index, vllm_backend, embedder, method)
         rag.retrieve(["Who is Adam?", "caf\udce9"])
 
 
+@pytest.mark.parametrize(
+    "argument, message",
+    [
+        (dict(retrieval={"top_k": 3}), "retrieval must be RetrievalConfig (or None), got {'top_k': 3}"),
+        (dict(llm="qwen2.5-coder-1.5b"), "llm must be LLMBackend or AnsweringLLMConfig or GenerationConfig"),
+        (dict(answer=5), "answer must be AnswerConfig (or None), got 5"),
+    ],
+)
+def test_an_argument_of_another_type_is_refused_before_the_index_loads(tmp_path, argument, message):
+    """Each was an AttributeError, the llm one only at the first rag_qa."""
+    with pytest.raises(QCGError, match=re.escape(message)):
+        QCGRag(tmp_path / "no-index", **argument)
+
+
 def test_rag_qa_answers_and_scores(rag):
     solutions, scores = rag.rag_qa(QUESTIONS)
     assert scores == {} and all(s.answer for s in solutions)
