@@ -155,3 +155,35 @@ def test_a_baseline_that_is_not_evaluated_is_refused():
         EvalConfig(methods="naive,qcg", baseline="d2q").validate()
     EvalConfig(methods="naive,qcg", baseline="naive@c512").validate()  # a --compare-index row of naive
     EvalConfig(methods="qcg,d2q").validate()  # the default baseline, not run: no comparisons, no refusal
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--methods", "qcg", "--baseline", "naive"], "--baseline naive is not among the methods evaluated (qcg)"),
+        (["--baseline", "qcg@h2"], "--baseline qcg@h2: no --compare-index is labelled 'h2' (labels: none given)"),
+        (
+            ["--baseline", "qcg@a", "--compare-index", "b=IDX"],
+            "--baseline qcg@a: no --compare-index is labelled 'a' (labels: b)",
+        ),
+    ],
+)
+def test_qcg_eval_refuses_a_baseline_it_would_not_evaluate_before_any_work(tmp_path, cli, options, message):
+    """Each ran the whole evaluation, then said "No comparisons" (the default baseline named, not run:
+    the same), where the user asked for them."""
+    out = tmp_path / "report"
+    options = [f"b={tmp_path / 'index'}" if o == "b=IDX" else o for o in options]
+    result = cli(
+        "eval",
+        "--dataset",
+        "jsonl",
+        "--data",
+        tmp_path / "missing.jsonl",
+        "--index",
+        tmp_path / "index",
+        "--out",
+        out,
+        "--no-answers",
+        *options,
+    )
+    assert result.returncode == 2 and f"qcg: error: {message}" in result.stderr and not out.exists()

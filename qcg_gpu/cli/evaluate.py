@@ -85,12 +85,13 @@ def run(args) -> int:
 
     config = resolve(EvalConfig(), args).validate()  # refuse unknown names before loading anything
     _refuse_answer_options_without_answers(args, config)
+    compare_paths = dict(_labelled(args.compare_index))
+    _check_baseline(config, args.baseline is not None, compare_paths)
     _check_output_dir(args.out)
     if args.preset is None and args.dataset in PRESETS:
         args.preset = args.dataset
     retrieval = retrieval_config(args)
     answer_config = resolve(AnswerConfig(), args).validate()
-    compare_paths = dict(_labelled(args.compare_index))
     evalset = load_dataset(args.dataset, args.data)
     evalset.questions = config.select(evalset.questions)
     index = _load_index(args, config, args.index)
@@ -187,6 +188,17 @@ def _replies_note(config, *llms) -> str:
     reused = sum(llm.reused for llm in llms if llm)
     asked = sum(llm.asked for llm in llms if llm)
     return f"{reused} reused from {answer_cache(config.answers_cache)}, {asked} asked of the LLM"
+
+
+def _check_baseline(config: EvalConfig, given: bool, compare_paths: dict[str, str]) -> None:
+    """Refuse, before any work, a --baseline that would not be evaluated (the report said only "No
+    comparisons" at the end of the run). The default, naive, may be left out: then nothing is compared."""
+    method, _, label = config.baseline.partition("@")
+    if label and label not in compare_paths:
+        labels = ", ".join(compare_paths) or "none given"
+        raise QCGError(f"--baseline {config.baseline}: no --compare-index is labelled {label!r} (labels: {labels})")
+    if given and method not in config.method_list():  # validate() lets the default pass
+        raise QCGError(f"--baseline {config.baseline} is not among the methods evaluated ({config.methods})")
 
 
 def _labelled(specs: list[str] | None) -> list[tuple[str, str]]:

@@ -369,7 +369,9 @@ def load_hipporag(path: Path) -> EvalSet:
         try:
             answers, supporting = _gold_answers(sample), _supporting_passages(sample)
         except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:  # a field of another shape
-            problems.append(f"{where}: its answers or supporting passages are malformed ({type(exc).__name__}: {exc}); skipped")
+            problems.append(
+                f"{where}: its answers or supporting passages are malformed ({type(exc).__name__}: {exc}); skipped"
+            )
             continue
         if not answers:
             problems.append(f"{where}: no gold answer; skipped")
