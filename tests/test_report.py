@@ -147,6 +147,18 @@ def test_qcg_report_rebuilds_the_same_page_and_refuses_what_it_cannot_read(run_d
     (broken / "results.jsonl").write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])
     result = cli("report", broken)
     assert result.returncode == 2 and f"results.jsonl:{len(lines)}: not a JSON record" in result.stderr
+    # edited files: each was a KeyError traceback
+    (broken / "results.jsonl").write_text("\n".join([*lines[:-1], json.dumps({"qid": "1"})]))
+    assert f"results.jsonl:{len(lines)}: no type, method, evidence," in cli("report", broken).stderr
+    (broken / "results.jsonl").write_text("\n".join([*lines[:-1], "3"]))
+    assert f"results.jsonl:{len(lines)}: not a JSON object" in cli("report", broken).stderr
+    (broken / "results.jsonl").write_text("\n".join(lines))
+    run = json.loads((broken / "run.json").read_text())
+    (broken / "run.json").write_text(json.dumps({k: v for k, v in run.items() if k != "types"}))
+    assert "run.json: no types, which qcg eval writes: an edited file?" in cli("report", broken).stderr
+    (broken / "run.json").write_text(json.dumps(run))
+    (broken / "traces.jsonl").write_text('{"seeds": []}\n')
+    assert "traces.jsonl:1: no qid" in cli("report", broken).stderr
     (broken / "run.json").write_text('{"format": 1, "head')
     assert "run.json: not JSON" in cli("report", broken).stderr
     (broken / "run.json").unlink()

@@ -324,11 +324,23 @@ def _read_run(run_dir: Path) -> tuple[dict, list[dict], dict[str, dict]]:
     if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
         found = run.get("format") if isinstance(run, dict) else None
         raise QCGError(f"{run_dir}/run.json: format {found!r}, this qcg reads {RUN_FORMAT}")
-    records = _jsonl(results)
+    _require(run, ("types", "sweeps"), f"{run_dir}/run.json")
+    records = _jsonl(results, RECORD_KEYS)
     if not records:
         raise QCGError(f"{results}: no records")
-    traces = {t.pop("qid"): t for t in _jsonl(run_dir / "traces.jsonl")} if (run_dir / "traces.jsonl").is_file() else {}
+    traces_file = run_dir / "traces.jsonl"
+    traces = {t.pop("qid"): t for t in _jsonl(traces_file, ("qid",))} if traces_file.is_file() else {}
     return run, records, traces
+
+
+RECORD_KEYS = ("qid", "type", "method", "evidence", "chunk_ids", "chunks", "docs", "scores")  # what the page reads
+
+
+def _require(record: dict, keys: tuple[str, ...], where: str) -> None:
+    """A file edited by hand, or by another program, that lacks what qcg eval writes: one line, not a KeyError."""
+    missing = [key for key in keys if key not in record]
+    if missing:
+        raise QCGError(f"{where}: no {', '.join(missing)}, which qcg eval writes: an edited file?")
 
 
 def _read_comparisons(run_dir: Path) -> list[dict]:
@@ -345,15 +357,20 @@ def _read_comparisons(run_dir: Path) -> list[dict]:
             raise QCGError(f"{path}: not the table qcg eval writes ({exc}): a truncated file?") from None
 
 
-def _jsonl(path: Path) -> list[dict]:
+def _jsonl(path: Path, keys: tuple[str, ...]) -> list[dict]:
+    """The records of a JSONL file, each an object holding ``keys``."""
     records = []
     with open(path, encoding="utf-8") as fh:
         for number, line in enumerate(fh, 1):
             if line.strip():
                 try:
-                    records.append(json.loads(line))
+                    record = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise QCGError(f"{path}:{number}: not a JSON record ({exc.msg}): a truncated file?") from None
+                if not isinstance(record, dict):
+                    raise QCGError(f"{path}:{number}: not a JSON object: an edited file?")
+                _require(record, keys, f"{path}:{number}")
+                records.append(record)
     return records
 
 
