@@ -7,6 +7,7 @@ Every backend honours the same contract (:class:`Backend`): checked unit queries
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Protocol
 
@@ -24,6 +25,7 @@ from ..capabilities import (
 from ..config import BASELINES, RetrievalConfig
 from ..errors import QCGError
 from ..index_format import index_shards
+from ..log import logger
 from .index import QCGIndex
 from .result import RetrievalResult, check_queries
 
@@ -102,8 +104,19 @@ def local_backend(index: QCGIndex, config: RetrievalConfig) -> Backend:
     if name == "numpy":
         from .numpy_backend import NumpyBackend
 
-        return NumpyBackend(index, prefilter_kind(config, dim=index.dim))
+        kind = prefilter_kind(config, dim=index.dim)
+        if kind == "bf16" and not cpu_has_amx():
+            _warn_bf16_without_amx()
+        return NumpyBackend(index, kind)
     raise QCGError(f"unknown retrieval backend {name!r}")
+
+
+@functools.cache  # once a run, not once a method or sweep point
+def _warn_bf16_without_amx() -> None:
+    logger.warning(
+        "--prefilter bf16 on a CPU without AMX: its bf16 GEMM runs at 0.15-0.6x float32 here "
+        "(benchmarks/RESULTS.md), so retrieval is slower than with --prefilter auto or off (the results are equal)"
+    )
 
 
 class Retriever:
