@@ -134,6 +134,11 @@ def test_baselines_rank_chunks_by_their_expanded_text(small_index, embedder, cli
         rankings[method] = _cli_rankings(cli, small_index, method, tmp_path / "q.txt")
         assert rankings[method] == expected, method
     assert rankings["d2q"] != rankings["naive"] and rankings["d2q-minus"] != rankings["naive"]
+    # QCG's own settings change nothing here, and say so (they were ignored without a word)
+    again = cli("query", small_index, "--queries", tmp_path / "q.txt", "--method", "naive", "--hops", "2", "--n", "3")
+    assert [[c["chunk_id"] for c in record["chunks"]] for record in _records(again.stdout)] == rankings["naive"]
+    assert "--n, --hops ignored: QCG's settings; --method naive ranks chunks by their own similarity" in again.stderr
+    assert "ignored" not in cli("query", small_index, "--queries", tmp_path / "q.txt", "--method", "naive").stderr
 
 
 @pytest.mark.parametrize(

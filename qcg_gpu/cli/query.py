@@ -12,6 +12,7 @@ from ..eval.runfiles import run_lines
 from ..log import logger
 from .options import (
     NO_VERIFY_HELP,
+    RETRIEVAL_PREFIX,
     add_llm_options,
     add_options,
     add_output_options,
@@ -99,6 +100,12 @@ def run(args) -> int:
     traced = "--trace" if args.trace else "--html" if args.html else None  # what needs QCG's traces
     if traced and args.method != "qcg":
         raise QCGError(f"{traced} follows QCG's seeds and hops; --method {args.method} ranks chunks without them")
+    qcg_only = [f"--{name}" for name in ("gamma", "n", "hops") if getattr(args, RETRIEVAL_PREFIX + name) is not None]
+    if qcg_only and args.method != "qcg":  # a script may pass one set of options to every method: said, not refused
+        logger.warning(
+            f"{', '.join(qcg_only)} ignored: QCG's settings; --method {args.method} ranks chunks by their own "
+            "similarity (only --top-k applies)"
+        )
     check_output_file(args.html, "--html")
     if args.answers and args.embeddings:
         raise QCGError("qcg answer needs query texts (--query or --queries), not --embeddings")
