@@ -587,4 +587,5 @@ owners_backend = local_backend(index, config)  # as a shard owner calls it, on t
 owners_backend.rank(queries, owners_backend.seeds(queries, config)[0], 5)
 """
     run = subprocess.run([sys.executable, "-W", "error", "-c", search], capture_output=True, text=True)
-    assert run.returncode == 0 and not run.stderr, run.stderr[-2000:]
+    said = [line for line in run.stderr.splitlines() if "--prefilter bf16 on a CPU without AMX" not in line]
+    assert run.returncode == 0 and not said, run.stderr[-2000:]  # the one notice qcg means to give aside
