@@ -193,12 +193,11 @@ def _replies_note(config, *llms) -> str:
 def _check_baseline(config: EvalConfig, given: bool, compare_paths: dict[str, str]) -> None:
     """Refuse, before any work, a --baseline that would not be evaluated (the report said only "No
     comparisons" at the end of the run). The default, naive, may be left out: then nothing is compared."""
-    method, _, label = config.baseline.partition("@")
+    label = config.baseline.partition("@")[2]
     if label and label not in compare_paths:
         labels = ", ".join(compare_paths) or "none given"
         raise QCGError(f"--baseline {config.baseline}: no --compare-index is labelled {label!r} (labels: {labels})")
-    if given and method not in config.method_list():  # validate() lets the default pass
-        raise QCGError(f"--baseline {config.baseline} is not among the methods evaluated ({config.methods})")
+    config.check_baseline(named=given)  # validate() checked it only where it differs from the default
 
 
 def _labelled(specs: list[str] | None) -> list[tuple[str, str]]:

@@ -72,15 +72,19 @@ class EvalConfig:
 
     def validate(self) -> EvalConfig:
         check_fields(self)
-        self.method_list(), self.sweep_list()
-        chosen = self.baseline != EvalConfig.baseline  # the default compares nothing when naive is not run
-        if chosen and self.baseline.partition("@")[0] not in self.method_list():
-            raise QCGError(f"--baseline {self.baseline} is not among the methods evaluated ({self.methods})")
+        self.method_list(), self.sweep_list()  # unknown names refused
+        self.check_baseline(named=self.baseline != EvalConfig.baseline)
         check_at_least(self, 1, "limit_per_type")
         if self.answers_in and not os.path.isfile(self.answers_in):
             raise QCGError(f"stored answers file not found: {self.answers_in}")
         check_output_file(self.answers_out, "--answers-out", folders_made=True)
         return self
+
+    def check_baseline(self, named: bool) -> None:
+        """QCGError for a baseline whose method is not evaluated, where it was ``named`` (in a file, an
+        argument, on the command line): the default, naive, may be left out, and then nothing is compared."""
+        if named and self.baseline.partition("@")[0] not in self.method_list():
+            raise QCGError(f"--baseline {self.baseline} is not among the methods evaluated ({self.methods})")
 
     def method_list(self) -> list[str]:
         return comma_names(self.methods, EVAL_METHODS, "method")

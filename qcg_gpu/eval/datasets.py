@@ -224,7 +224,7 @@ def write_multihop_corpus(path: str | Path, out: str | Path) -> tuple[int, list[
             continue
         seen.add(doc_id)
         header = [article.get("title"), f"{article.get('source') or ''} {article.get('published_at') or ''}".strip()]
-        text = "\n".join([str(h) for h in header if h] + [article["body"]])
+        text = "\n".join([h for h in header if h] + [article["body"]])
         lines.append(json.dumps({"doc_id": doc_id, "text": text}, ensure_ascii=False) + "\n")
     if not lines:
         left_out = f" ({len(skipped)} left out, the first: {skipped[0]})" if skipped else " (an empty list)"
